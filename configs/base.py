@@ -1,0 +1,116 @@
+"""Defaults every config starts from: RoBERTa-base sizes, the MAE-LM objective, a pod mesh.
+
+Variants import this module, call `get_config()` and override; `use_large_model` applies the
+large sizes. Keys are documented once, here.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+# Logical axis -> mesh axes. Model code names only the left column; a logical axis missing
+# here is a configuration error, not a silent replication. Parameter axes come first, then
+# the activation axes the model constrains at block boundaries.
+DEFAULT_AXIS_RULES = (
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("position", None),
+    ("relpos_buckets", None),
+    ("layers", None),
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+)
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+
+    # Objective and masking.
+    c.objective = "mae_lm"  # "mlm" (RoBERTa baseline) | "mae_lm" (MAE-LM / 3ML)
+    c.mask_rate = 0.15  # k = round(mask_rate * seq_len) masked slots in every row
+    # "mlm" only: of the k slots, this share becomes <mask>, this share a random token, the
+    # rest keep their token (RoBERTa's 80/10/10). "mae_lm" never corrupts: the encoder
+    # simply does not see the masked slots.
+    c.mlm_mask_prob = 0.8
+    c.mlm_random_prob = 0.1
+    c.seq_len = 512
+    c.batch_size = 2048  # global, across all processes
+    c.num_train_steps = 125_000
+    c.seed = 0
+
+    c.model = ml_collections.ConfigDict()
+    c.model.num_layers = 12
+    c.model.hidden_size = 768
+    c.model.num_heads = 12
+    c.model.mlp_dim = 3072
+    c.model.decoder = "self"  # "self" (MAE-LM, 3ML-self) | "cross" (3ML-cross)
+    c.model.num_decoder_layers = 4
+    c.model.max_positions = 512
+    c.model.dropout_rate = 0.1
+    c.model.decoder_dropout_rate = 0.0  # MAE-LM trains its decoder without dropout
+    # T5-style relative position bias in the encoder; 0 buckets turns it off.
+    c.model.relative_attention_buckets = 0
+    c.model.relative_attention_max_distance = 128
+    c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
+    c.model.scan_layers = True
+    c.model.remat_policy = "none"  # "none" | "full" | "dots_saveable"
+    c.model.layer_norm_epsilon = 1e-5
+    c.model.init_std = 0.02
+
+    # Optimizer: AdamW with linear warmup and linear decay to zero.
+    c.learning_rate = 2e-4
+    c.warmup_steps = 10_000
+    c.weight_decay = 0.01
+    c.adam_b1 = 0.9
+    c.adam_b2 = 0.98
+    c.adam_eps = 1e-6
+    c.max_grad_norm = 2.0
+    c.grad_accum_steps = 1
+
+    # Data. `dataset` is a TFDS name ("wikipedia/20230601.en", "c4/en"), "text:<glob>" for
+    # local files (documents separated by blank lines) or "python_docs", the embedded
+    # corpus that needs no download.
+    c.dataset = "wikipedia/20230601.en"
+    c.data_dir = config_dict.placeholder(str)  # TFDS data_dir; None: TFDS's default
+    c.train_split = "train"
+    c.eval_split = ""  # "": hold out eval_holdout_fraction of the training documents
+    c.eval_holdout_fraction = 0.005
+    c.max_documents = 0  # >0 caps the documents read per split (a quick look at a corpus)
+    c.vocab_path = config_dict.placeholder(str)  # SentencePiece model; None: train one
+    c.vocab_size = 32768  # SentencePiece vocabulary; the model pads it to a multiple of 128
+    c.tokenizer_train_documents = 200_000
+
+    # Evaluation, logging, checkpoints.
+    c.eval_every_steps = 2000
+    c.eval_batches = 20
+    c.log_every_steps = 100
+    c.checkpoint_every_steps = 2000
+    c.keep_checkpoints = 3
+    c.keep_every_steps = 25_000
+    c.init_from = config_dict.placeholder(str)  # checkpoint dir: weights only, step 0
+    c.nonfinite = "stop"  # "stop" | "skip"
+
+    # Device mesh: parallelism per axis within a slice (ici) and across slices (dcn);
+    # -1 fills with whatever devices are left.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.ici = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
+    c.mesh.dcn = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+    c.logical_axis_rules = DEFAULT_AXIS_RULES
+    return c
+
+
+def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """RoBERTa-large sizes: 24 layers, width 1024, 16 heads, MLP 4096."""
+    c.model.num_layers = 24
+    c.model.hidden_size = 1024
+    c.model.num_heads = 16
+    c.model.mlp_dim = 4096
+    c.learning_rate = 1e-4
+    return c

@@ -1,0 +1,35 @@
+"""The embedded default: a tiny MAE-LM on the Python-docs corpus, visibly learning on a CPU.
+
+No download: the corpus is built from the running Python's own documentation text.
+"""
+
+from configs import base
+
+
+def get_config():
+    c = base.get_config()
+    c.objective = "mae_lm"
+    c.mask_rate = 0.15
+    c.seq_len = 128
+    c.batch_size = 32
+    c.num_train_steps = 1500
+    c.model.num_layers = 4
+    c.model.hidden_size = 256
+    c.model.num_heads = 4
+    c.model.mlp_dim = 1024
+    c.model.num_decoder_layers = 2
+    c.model.max_positions = 128
+    c.model.dtype = "float32"
+    c.learning_rate = 1e-3
+    c.warmup_steps = 100
+    c.max_grad_norm = 1.0
+    c.dataset = "python_docs"
+    c.eval_holdout_fraction = 0.02
+    c.vocab_size = 8000
+    c.tokenizer_train_documents = 20_000
+    c.eval_every_steps = 250
+    c.eval_batches = 8
+    c.log_every_steps = 50
+    c.checkpoint_every_steps = 500
+    c.keep_every_steps = 0
+    return c

@@ -1,0 +1,1 @@
+"""maelm_jax: MLM, MAE-LM and 3ML pretraining in JAX/Flax for TPU pods."""
