@@ -96,6 +96,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.keep_every_steps = 25_000
     c.init_from = config_dict.placeholder(str)  # checkpoint dir: weights only, step 0
     c.nonfinite = "stop"  # "stop" | "skip"
+    c.profile_num_steps = 0  # >0: capture an XProf trace of this many steps (process 0)
+    c.inject_nan_at_step = -1  # fault injection for tests: this step's loss becomes NaN
 
     # Device mesh: parallelism per axis within a slice (ici) and across slices (dcn);
     # -1 fills with whatever devices are left.

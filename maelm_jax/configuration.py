@@ -14,6 +14,7 @@ import ml_collections
 OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
+NONFINITE_POLICIES = ("stop", "skip")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 VOCAB_MULTIPLE = 128
 
@@ -34,7 +35,7 @@ def padded_vocab_size(vocab_size: int) -> int:
 
 def num_masked(mask_rate: float, seq_len: int) -> int:
     """The static k: every row has exactly this many masked slots."""
-    return int(round(mask_rate * seq_len))
+    return round(mask_rate * seq_len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +142,19 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"model.relative_attention_buckets={m.relative_attention_buckets} must be >= 0",
     )
     _require(config.vocab_size >= 16, f"vocab_size={config.vocab_size} must be >= 16")
+    for key in (
+        "log_every_steps",
+        "eval_every_steps",
+        "checkpoint_every_steps",
+        "keep_checkpoints",
+    ):
+        _require(config[key] >= 1, f"{key}={config[key]} is not allowed; it must be >= 1")
+    for key in ("eval_batches", "keep_every_steps"):
+        _require(config[key] >= 0, f"{key}={config[key]} is not allowed; it must be >= 0")
+    _require(
+        config.nonfinite in NONFINITE_POLICIES,
+        f"nonfinite={config.nonfinite!r} is not allowed; use one of {NONFINITE_POLICIES}",
+    )
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:

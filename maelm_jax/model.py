@@ -1,0 +1,236 @@
+"""The masked language models: RoBERTa MLM, MAE-LM / 3ML-self, and 3ML-cross.
+
+One encoder serves all three. It embeds each token at its *original* position, so the
+MAE-LM encoder can run on the visible subsequence alone (`visible_idx`, a static-shape
+gather) and still know where every token sits. The decoders, used only in pretraining, put
+a learned [MASK] embedding at the masked slots; the LM head only ever sees the k masked
+slots, so logits are [B, k, V], never [B, L, V].
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from maelm_jax import logical_axes as ax
+from maelm_jax.attention import RelativePositionBias
+from maelm_jax.configuration import ModelConfig
+from maelm_jax.transformer import CrossDecoderBlock, EncoderBlock, apply_layers, layer_norm
+
+
+def gather_positions(x, idx):
+    """x: [B, L, ...], idx: [B, n] -> [B, n, ...] (rows gather independently)."""
+    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+def attention_mask(valid):
+    """valid: bool [B, S] (False at padding) -> key mask [B, 1, 1, S]."""
+    return valid[:, None, None, :]
+
+
+class PositionEmbedding(nn.Module):
+    """Learned absolute positions, looked up at the given (original) positions."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, positions):
+        """positions: [B, T] int -> [B, T, E] in the compute dtype."""
+        cfg = self.config
+        table = self.param(
+            "embedding",
+            ax.param(nn.initializers.normal(cfg.init_std), ("position", "embed")),
+            (cfg.max_positions, cfg.hidden_size),
+            jnp.float32,
+        )
+        return jnp.take(table, positions, axis=0).astype(cfg.dtype)
+
+
+class Encoder(nn.Module):
+    """Token vectors + original positions -> contextual vectors; RoBERTa-compatible."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, token_vectors, positions, valid, deterministic: bool):
+        """token_vectors [B, T, E], positions [B, T], valid bool [B, T] -> [B, T, E]."""
+        cfg = self.config
+        x = token_vectors + PositionEmbedding(cfg, name="position_embed")(positions)
+        x = layer_norm(cfg, "embed_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
+        x = ax.constrain(x, ax.HIDDEN)
+        bias = None
+        if cfg.relative_attention_buckets:
+            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
+        return apply_layers(
+            EncoderBlock,
+            cfg,
+            cfg.num_layers,
+            "layers",
+            x,
+            attention_mask(valid),
+            bias,
+            dropout_rate=cfg.dropout_rate,
+            deterministic=deterministic,
+        )
+
+
+def mask_embedding(module: nn.Module, config: ModelConfig):
+    """The learned [MASK] vector the decoders put at masked slots: [E], compute dtype."""
+    vector = module.param(
+        "mask_embedding",
+        ax.param(nn.initializers.normal(config.init_std), ("embed",)),
+        (config.hidden_size,),
+        jnp.float32,
+    )
+    return vector.astype(config.dtype)
+
+
+class SelfDecoder(nn.Module):
+    """MAE-LM / 3ML-self: full-length self-attention over encoder outputs and [MASK] slots."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, encoded, visible_idx, masked_idx, valid, deterministic: bool):
+        """encoded [B, L-k, E] at visible_idx; masked_idx [B, k]; valid [B, L] -> [B, k, E].
+
+        Concatenating [encoded; MASK x k] and gathering with the inverse of the permutation
+        (visible_idx, masked_idx) puts every vector back at its original position: an
+        "unshuffle" gather rather than a scatter.
+        """
+        cfg = self.config
+        batch, k = masked_idx.shape
+        masks = jnp.broadcast_to(mask_embedding(self, cfg), (batch, k, cfg.hidden_size))
+        slots = jnp.concatenate([encoded.astype(cfg.dtype), masks], axis=1)
+        restore = jnp.argsort(jnp.concatenate([visible_idx, masked_idx], axis=1), axis=1)
+        positions = jnp.broadcast_to(jnp.arange(valid.shape[1]), valid.shape)
+        x = ax.constrain(gather_positions(slots, restore), ax.HIDDEN)
+        x = x + PositionEmbedding(cfg, name="position_embed")(positions)
+        self.sow("intermediates", "decoder_input", x)
+        x = layer_norm(cfg, "embed_norm")(x)
+        x = nn.Dropout(cfg.decoder_dropout_rate, deterministic=deterministic)(x)
+        x = apply_layers(
+            EncoderBlock,
+            cfg,
+            cfg.num_decoder_layers,
+            "layers",
+            x,
+            attention_mask(valid),
+            None,
+            dropout_rate=cfg.decoder_dropout_rate,
+            deterministic=deterministic,
+        )
+        return gather_positions(x, masked_idx)
+
+
+class CrossDecoder(nn.Module):
+    """3ML-cross: only the k [MASK] slots are queries; they cross-attend to the encoder."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, encoded, encoded_valid, masked_idx, masked_valid, deterministic: bool):
+        """encoded [B, L-k, E] (valid where encoded_valid); masked_idx, masked_valid [B, k]
+        -> [B, k, E]."""
+        cfg = self.config
+        batch, k = masked_idx.shape
+        masks = jnp.broadcast_to(mask_embedding(self, cfg), (batch, k, cfg.hidden_size))
+        x = masks + PositionEmbedding(cfg, name="position_embed")(masked_idx)
+        x = ax.constrain(x, ax.HIDDEN)
+        self.sow("intermediates", "decoder_input", x)
+        x = layer_norm(cfg, "embed_norm")(x)
+        x = nn.Dropout(cfg.decoder_dropout_rate, deterministic=deterministic)(x)
+        return apply_layers(
+            CrossDecoderBlock,
+            cfg,
+            cfg.num_decoder_layers,
+            "layers",
+            x,
+            attention_mask(masked_valid),
+            encoded.astype(cfg.dtype),
+            attention_mask(encoded_valid),
+            dropout_rate=cfg.decoder_dropout_rate,
+            deterministic=deterministic,
+        )
+
+
+class LMHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> tied token embedding + bias; float32 logits."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, hidden, token_embed: nn.Embed):
+        """hidden [B, k, E] -> logits [B, k, V]."""
+        cfg = self.config
+        hidden = ax.constrain(hidden, ax.HIDDEN)
+        h = nn.Dense(
+            cfg.hidden_size,
+            kernel_init=ax.param(nn.initializers.normal(cfg.init_std), ("embed", "mlp")),
+            bias_init=ax.param(nn.initializers.zeros, ("mlp",)),
+            dtype=cfg.dtype,
+            param_dtype=jnp.float32,
+            name="dense",
+        )(hidden)
+        h = layer_norm(cfg, "norm")(nn.gelu(h, approximate=False))
+        bias = self.param(
+            "output_bias", ax.param(nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,)
+        )
+        logits = token_embed.attend(h).astype(jnp.float32) + bias
+        return ax.constrain(logits, ax.LOGITS)
+
+
+class MaskedLM(nn.Module):
+    """The pretraining model; `config.objective` picks MLM or MAE-LM, `config.decoder` the
+    MAE-LM decoder kind. `encode` is the part that survives pretraining."""
+
+    config: ModelConfig
+    pad_id: int
+
+    def setup(self):
+        cfg = self.config
+        self.token_embed = nn.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            embedding_init=ax.param(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
+            dtype=cfg.dtype,
+            param_dtype=jnp.float32,
+        )
+        self.encoder = Encoder(cfg)
+        if cfg.objective == "mae_lm":
+            self.decoder = (SelfDecoder if cfg.decoder == "self" else CrossDecoder)(cfg)
+        self.lm_head = LMHead(cfg)
+
+    def encode(self, input_ids, positions, deterministic: bool = True):
+        """input_ids, positions: [B, T] -> [B, T, E]; padding (pad_id) is never attended to."""
+        return self.encoder(
+            self.token_embed(input_ids), positions, input_ids != self.pad_id, deterministic
+        )
+
+    def __call__(self, input_ids, masked_idx, visible_idx, deterministic: bool = True):
+        """input_ids [B, L], masked_idx [B, k], visible_idx [B, L-k] -> logits [B, k, V].
+
+        For "mae_lm" the ids at masked_idx are never read: the encoder gathers visible_idx.
+        """
+        cfg = self.config
+        valid = input_ids != self.pad_id
+        if cfg.objective == "mlm":
+            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+            hidden = gather_positions(self.encode(input_ids, positions, deterministic), masked_idx)
+            return self.lm_head(hidden, self.token_embed)
+        visible_ids = gather_positions(input_ids, visible_idx)
+        encoded = self.encode(visible_ids, visible_idx, deterministic)
+        self.sow("intermediates", "encoder_output", encoded)
+        if cfg.decoder == "self":
+            hidden = self.decoder(encoded, visible_idx, masked_idx, valid, deterministic)
+        else:
+            masked_valid = gather_positions(valid, masked_idx)
+            hidden = self.decoder(
+                encoded, visible_ids != self.pad_id, masked_idx, masked_valid, deterministic
+            )
+        return self.lm_head(hidden, self.token_embed)
+
+
+def count_params(params) -> int:
+    return sum(x.size for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,214 @@
+"""SentencePiece vocabulary with RoBERTa/fairseq's special-id layout, trained once per workdir.
+
+Ids 0..4 are `<s>`, `<pad>`, `</s>`, `<unk>`, `<mask>` (fairseq's dictionary order, so the
+model code's constants match RoBERTa's); every other piece has an id >= `FIRST_REGULAR_ID`.
+`<mask>` is a user-defined symbol: the literal text "<mask>" encodes to `MASK_ID`, which lets
+a person type a fill-in-the-blank query.
+
+Training choices, see `train`:
+* unigram LM rather than BPE: SentencePiece's default, the fastest to train from an in-memory
+  iterator, and at least as good as BPE for masked-LM pretraining (Bostrom & Durrett, 2020);
+* byte fallback: a character outside the vocabulary becomes its UTF-8 bytes, so `<unk>` is
+  never produced and any text round-trips;
+* `nmt_nfkc` normalization: NFKC plus whitespace cleanup. Ordinary text (single spaces, no
+  leading/trailing space, NFKC-stable characters) decodes back exactly; runs of whitespace,
+  tabs and newlines become one space, which a masked LM does not need to model.
+"""
+
+import hashlib
+import io
+import itertools
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import jax
+import ml_collections
+import sentencepiece as spm
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+
+from maelm_jax.configuration import ConfigError
+
+BOS_ID = 0
+PAD_ID = 1
+EOS_ID = 2
+UNK_ID = 3
+MASK_ID = 4
+FIRST_REGULAR_ID = 5
+SPECIAL_PIECES = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4
+MODEL_FILENAME = "tokenizer.model"
+
+# SentencePiece drops training sentences longer than this many bytes; documents are fed one
+# line (paragraph) at a time, so only pathological lines are lost.
+_MAX_SENTENCE_BYTES = 1 << 16
+_MAX_TRAIN_SENTENCES = 10_000_000  # sampled down to this many if there are more
+
+
+class Tokenizer:
+    """A loaded SentencePiece model whose special ids are checked against the layout above."""
+
+    def __init__(self, model_proto: bytes):
+        self._proto = bytes(model_proto)
+        try:
+            self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+        except RuntimeError as e:
+            raise ConfigError(f"not a SentencePiece model ({e})") from None
+        pieces = tuple(self._sp.id_to_piece(i) for i in range(len(SPECIAL_PIECES)))
+        if pieces != SPECIAL_PIECES:
+            raise ConfigError(
+                f"SentencePiece model has special pieces {pieces} at ids 0..4; maelm_jax needs "
+                f"{SPECIAL_PIECES} (train one with maelm_jax.tokenizer.train)"
+            )
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Loads a `.model` file from a local or gs:// path."""
+        try:
+            return cls(epath.Path(path).read_bytes())
+        except ConfigError as e:
+            raise ConfigError(f"{os.fspath(path)}: {e}") from None
+
+    def serialized(self) -> bytes:
+        """The model file's bytes: a checkpoint stores these to decode without the workdir."""
+        return self._proto
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the model bytes: names data caches that depend on this vocabulary."""
+        return hashlib.sha256(self._proto).hexdigest()
+
+    @property
+    def vocab_size(self) -> int:
+        """Pieces in the model (the model pads its embedding to a multiple of 128 itself)."""
+        return self._sp.get_piece_size()
+
+    bos_id = property(lambda self: BOS_ID)
+    pad_id = property(lambda self: PAD_ID)
+    eos_id = property(lambda self: EOS_ID)
+    unk_id = property(lambda self: UNK_ID)
+    mask_id = property(lambda self: MASK_ID)
+    first_regular_id = property(lambda self: FIRST_REGULAR_ID)
+    special_ids = property(lambda self: tuple(range(len(SPECIAL_PIECES))))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without `<s>`/`</s>`."""
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
+        """`encode` over many texts using SentencePiece's own threads (0: all cores)."""
+        return self._sp.encode(list(texts), num_threads=num_threads or os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`; `<s>`, `<pad>` and `</s>` decode to nothing, `<mask>` to "<mask>"."""
+        return self._sp.decode([int(i) for i in ids])
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._sp.id_to_piece(int(token_id))
+
+
+def _sentences(texts: Iterable[str]) -> Iterator[str]:
+    """Non-empty lines of the documents: SentencePiece trains on sentences, not documents."""
+    for text in texts:
+        for line in text.splitlines():
+            if line.strip():
+                yield line
+
+
+def train(texts: Iterable[str], vocab_size: int) -> bytes:
+    """Trains a unigram SentencePiece model on `texts` (documents) and returns its bytes.
+
+    `vocab_size` is an upper bound: a corpus with fewer distinct pieces yields a smaller
+    vocabulary instead of failing. Raises ConfigError when there is no text, or when
+    `vocab_size` cannot hold the 5 special pieces, 256 byte pieces and the text's characters.
+    """
+    sentences = _sentences(texts)
+    first = next(sentences, None)
+    if first is None:
+        raise ConfigError("no text to train the tokenizer on: the documents are all empty")
+    writer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=itertools.chain([first], sentences),
+            model_writer=writer,
+            model_type="unigram",
+            vocab_size=vocab_size,
+            hard_vocab_limit=False,
+            bos_id=BOS_ID,
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            user_defined_symbols=["<mask>"],
+            byte_fallback=True,
+            normalization_rule_name="nmt_nfkc",
+            character_coverage=0.9995,
+            split_digits=True,
+            max_sentence_length=_MAX_SENTENCE_BYTES,
+            input_sentence_size=_MAX_TRAIN_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        needed = re.search(r"\d+ vs (\d+)", str(e))
+        if "smaller than required" in str(e) and needed:
+            raise ConfigError(
+                f"vocab_size={vocab_size} is too small for this corpus: it needs at least "
+                f"{needed.group(1)} pieces (5 special, 256 bytes, and its characters)"
+            ) from None
+        raise
+    return writer.getvalue()
+
+
+def _write_atomically(path: epath.Path, data: bytes) -> None:
+    """Readers never see a half-written file: write a temporary sibling, then rename it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def load_or_train(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    documents_fn: Callable[[], Iterable[str]],
+) -> Tokenizer:
+    """The run's tokenizer: `config.vocab_path` if set, else `WORKDIR/tokenizer.model` (a
+    resumed run reuses it), else one trained now and saved there.
+
+    Collective: every process calls it. Process 0 trains on the first
+    `config.tokenizer_train_documents` documents of `documents_fn()` while the others wait at
+    a barrier, then all load the same file, so the workdir must be storage every host sees.
+    """
+    if config.vocab_path:
+        path = epath.Path(config.vocab_path)
+        if not path.exists():
+            raise ConfigError(
+                f"vocab_path={config.vocab_path!r} does not exist; give a SentencePiece .model "
+                "file, or leave vocab_path unset to train one"
+            )
+        return Tokenizer.from_path(path)
+
+    path = epath.Path(workdir) / MODEL_FILENAME
+    if jax.process_index() == 0 and not path.exists():
+        start = time.perf_counter()
+        documents = itertools.islice(documents_fn(), config.tokenizer_train_documents)
+        model = train(documents, config.vocab_size)
+        _write_atomically(path, model)
+        logging.info(
+            "Trained a %d-piece tokenizer in %.1fs; saved to %s",
+            Tokenizer(model).vocab_size,
+            time.perf_counter() - start,
+            path,
+        )
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("maelm_jax.tokenizer.load_or_train")
+    if not path.exists():
+        raise ConfigError(
+            f"process {jax.process_index()} cannot see {path}, written by process 0; "
+            f"workdir={os.fspath(workdir)!r} must be storage every host shares (e.g. gs://)"
+        )
+    return Tokenizer.from_path(path)

@@ -1,0 +1,130 @@
+"""Transformer blocks (RoBERTa's post-LN layout) and the layer stack that scans or loops them.
+
+Post-LN, exact GELU and biases everywhere keep the encoder block numerically identical to
+HuggingFace's `RobertaLayer`, so a trained encoder exports without approximation.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from maelm_jax import logical_axes as ax
+from maelm_jax.attention import MultiHeadAttention
+from maelm_jax.configuration import ModelConfig
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the whole block
+    "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_epsilon,
+        dtype=config.dtype,
+        param_dtype=jnp.float32,
+        scale_init=ax.param(nn.initializers.ones, ("embed",)),
+        bias_init=ax.param(nn.initializers.zeros, ("embed",)),
+        name=name,
+    )
+
+
+class Mlp(nn.Module):
+    """[B, T, E] -> [B, T, E] through a GELU layer of width mlp_dim."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        init = nn.initializers.normal(cfg.init_std)
+        dense = dict(dtype=cfg.dtype, param_dtype=jnp.float32)
+        h = nn.Dense(
+            cfg.mlp_dim,
+            kernel_init=ax.param(init, ("embed", "mlp")),
+            bias_init=ax.param(nn.initializers.zeros, ("mlp",)),
+            name="wi",
+            **dense,
+        )(x)
+        h = ax.constrain(nn.gelu(h, approximate=False), ax.MLP)
+        return nn.Dense(
+            cfg.hidden_size,
+            kernel_init=ax.param(init, ("mlp", "embed")),
+            bias_init=ax.param(nn.initializers.zeros, ("embed",)),
+            name="wo",
+            **dense,
+        )(h)
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention + MLP, each followed by dropout, residual and LayerNorm (post-LN).
+
+    Also the MAE-LM / 3ML-self decoder block (with the decoder's dropout rate).
+    Returns (x, None) so the same block serves `nn.scan` and a plain loop.
+    """
+
+    config: ModelConfig
+    dropout_rate: float
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x, mask, bias):
+        """x: [B, T, E]; mask: bool [B, 1, 1, T]; bias: [B, N, T, T] or None."""
+        drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
+        x = ax.constrain(x, ax.HIDDEN)
+        h = MultiHeadAttention(self.config, name="attention")(x, x, mask, bias)
+        x = layer_norm(self.config, "attention_norm")(x + drop(h))
+        h = Mlp(self.config, name="mlp")(x)
+        x = layer_norm(self.config, "mlp_norm")(x + drop(h))
+        return ax.constrain(x, ax.HIDDEN), None
+
+
+class CrossDecoderBlock(nn.Module):
+    """3ML-cross: self-attention among the [MASK] queries, cross-attention to the encoder
+    outputs, then the MLP; post-LN like the encoder."""
+
+    config: ModelConfig
+    dropout_rate: float
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x, query_mask, context, context_mask):
+        """x [B, k, E], query_mask [B, 1, 1, k], context [B, S, E], context_mask [B, 1, 1, S]."""
+        drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
+        x = ax.constrain(x, ax.HIDDEN)
+        h = MultiHeadAttention(self.config, name="self_attention")(x, x, query_mask)
+        x = layer_norm(self.config, "self_attention_norm")(x + drop(h))
+        h = MultiHeadAttention(self.config, name="cross_attention")(x, context, context_mask)
+        x = layer_norm(self.config, "cross_attention_norm")(x + drop(h))
+        h = Mlp(self.config, name="mlp")(x)
+        x = layer_norm(self.config, "mlp_norm")(x + drop(h))
+        return ax.constrain(x, ax.HIDDEN), None
+
+
+def apply_layers(block_cls, config: ModelConfig, num_layers: int, name: str, x, *shared, **attrs):
+    """Runs `num_layers` blocks on the carry `x`; `shared` inputs go unchanged to every layer.
+
+    Must be called from a compact method: the blocks become children of the caller. With
+    `scan_layers` the parameters are stacked on a leading "layers" axis (one compiled layer,
+    compile time independent of depth); otherwise they are `name_0`, `name_1`, ...
+    """
+    if config.remat_policy != "none":
+        block_cls = nn.remat(
+            block_cls,
+            policy=REMAT_POLICIES[config.remat_policy],
+            prevent_cse=not config.scan_layers,
+        )
+    if config.scan_layers:
+        stack = nn.scan(
+            block_cls,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast,) * len(shared),
+            length=num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, _ = stack(config, name=name, **attrs)(x, *shared)
+        return x
+    for i in range(num_layers):
+        x, _ = block_cls(config, name=f"{name}_{i}", **attrs)(x, *shared)
+    return x

@@ -1,0 +1,280 @@
+"""The models' semantics: what the encoder sees, what the decoders get, shapes and sizes."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tiny_configs import frozen, tiny_config
+
+from configs import (
+    mae_lm_base,
+    mae_lm_large,
+    mlm_base,
+    mlm_large,
+    three_ml_cross_base,
+    three_ml_cross_large,
+    three_ml_self_base,
+    three_ml_self_large,
+)
+from maelm_jax import configuration, loss, masking
+from maelm_jax.model import MaskedLM, count_params
+from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
+
+SEQ = 32
+
+
+def make_batch(seed=0, batch=4, lengths=None):
+    rng = np.random.default_rng(seed)
+    lengths = lengths or [SEQ - 2] * batch
+    ids = np.full((batch, SEQ), PAD_ID, np.int32)
+    for row, n in enumerate(lengths):
+        ids[row, 0], ids[row, 1 + n] = BOS_ID, EOS_ID
+        ids[row, 1 : 1 + n] = rng.integers(FIRST_REGULAR_ID, 300, n)
+    return jnp.asarray(ids)
+
+
+def build(objective="mae_lm", decoder="self", seed=0, lengths=None, **model_overrides):
+    model_cfg, mask_cfg = frozen(tiny_config(objective, decoder, SEQ, **model_overrides))
+    model = MaskedLM(model_cfg, pad_id=PAD_ID)
+    mask = jax.jit(masking.mask_batch, static_argnums=2)
+    batch = mask(jax.random.PRNGKey(seed), make_batch(seed, lengths=lengths), mask_cfg)
+    init = jax.jit(lambda rng, b: model.init(rng, b.input_ids, b.masked_idx, b.visible_idx))
+    params = nn.unbox(init(jax.random.PRNGKey(42), batch)["params"])
+    return model, params, batch
+
+
+_APPLY = {}
+
+
+def run(model, params, batch, input_ids=None):
+    """-> (logits, intermediates) in deterministic mode; one compile per model."""
+    if id(model) not in _APPLY:
+        _APPLY[id(model)] = (model, jax.jit(lambda *a: model.apply(*a, mutable=["intermediates"])))
+    ids = batch.input_ids if input_ids is None else input_ids
+    apply = _APPLY[id(model)][1]
+    logits, state = apply({"params": params}, ids, batch.masked_idx, batch.visible_idx)
+    return logits, state.get("intermediates", {})
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_encoder_never_sees_masked_tokens_or_mask_embedding(decoder):
+    model, params, batch = build("mae_lm", decoder, relative_attention_buckets=8)
+    logits, inter = run(model, params, batch)
+    encoded = inter["encoder_output"][0]
+
+    scrambled = np.array(batch.input_ids)
+    rows = np.arange(scrambled.shape[0])[:, None]
+    scrambled[rows, np.asarray(batch.masked_idx)] = FIRST_REGULAR_ID + 7
+    logits2, inter2 = run(model, params, batch, jnp.asarray(scrambled))
+    np.testing.assert_array_equal(inter2["encoder_output"][0], encoded)
+    np.testing.assert_array_equal(logits2, logits)
+
+    changed = jax.tree_util.tree_map(lambda x: x, params)
+    changed["decoder"]["mask_embedding"] = params["decoder"]["mask_embedding"] + 1.0
+    logits3, inter3 = run(model, changed, batch)
+    np.testing.assert_array_equal(inter3["encoder_output"][0], encoded)
+    assert not np.allclose(logits3, logits), "the [MASK] embedding must reach the decoder"
+
+
+def test_mlm_encoder_does_see_masked_slots():
+    """Control for the test above: the same edit does change an MLM encoder's output."""
+    model, params, batch = build("mlm")
+    logits, _ = run(model, params, batch)
+    scrambled = np.array(batch.input_ids)
+    rows = np.arange(scrambled.shape[0])[:, None]
+    scrambled[rows, np.asarray(batch.masked_idx)] = FIRST_REGULAR_ID + 7
+    logits2, _ = run(model, params, batch, jnp.asarray(scrambled))
+    assert not np.allclose(logits2, logits)
+
+
+@pytest.mark.parametrize("buckets", [0, 8])
+def test_encoder_output_is_the_visible_subsequence_at_original_positions(buckets):
+    lengths = [SEQ - 2, 20, 12, SEQ - 2]
+    model, params, batch = build("mae_lm", relative_attention_buckets=buckets, lengths=lengths)
+    _, inter = run(model, params, batch)
+    encoded = np.asarray(inter["encoder_output"][0])
+    for row in range(len(lengths)):
+        positions = batch.visible_idx[row : row + 1]
+        ids = jnp.take_along_axis(batch.input_ids[row : row + 1], positions, axis=1)
+        alone = model.apply({"params": params}, ids, positions, method=MaskedLM.encode)
+        valid = np.asarray(ids[0] != PAD_ID)
+        np.testing.assert_allclose(encoded[row][valid], alone[0][valid], atol=1e-5, rtol=1e-5)
+        contiguous = jnp.arange(positions.shape[1])[None]
+        wrong = model.apply({"params": params}, ids, contiguous, method=MaskedLM.encode)
+        assert not np.allclose(encoded[row][valid], wrong[0][valid], atol=1e-3)
+
+
+def test_self_decoder_input_matches_numpy_reference():
+    model, params, batch = build("mae_lm", "self", lengths=[SEQ - 2, 10, 25, SEQ - 2])
+    _, inter = run(model, params, batch)
+    encoded = np.asarray(inter["encoder_output"][0])
+    got = np.asarray(inter["decoder"]["decoder_input"][0])
+    positions = np.asarray(params["decoder"]["position_embed"]["embedding"])
+    mask_vec = np.asarray(params["decoder"]["mask_embedding"])
+    want = np.zeros((batch.input_ids.shape[0], SEQ, mask_vec.shape[0]), np.float32)
+    for b in range(want.shape[0]):
+        for j, pos in enumerate(np.asarray(batch.visible_idx[b])):
+            want[b, pos] = encoded[b, j] + positions[pos]
+        for pos in np.asarray(batch.masked_idx[b]):
+            want[b, pos] = mask_vec + positions[pos]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_cross_decoder_queries_are_mask_embedding_at_masked_positions():
+    model, params, batch = build("mae_lm", "cross")
+    _, inter = run(model, params, batch)
+    got = np.asarray(inter["decoder"]["decoder_input"][0])
+    positions = np.asarray(params["decoder"]["position_embed"]["embedding"])
+    mask_vec = np.asarray(params["decoder"]["mask_embedding"])
+    want = mask_vec + positions[np.asarray(batch.masked_idx)]
+    assert got.shape == (batch.masked_idx.shape[0], batch.masked_idx.shape[1], mask_vec.shape[0])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def grad_fn(model, deterministic=False):
+    def loss_fn(params, batch, rng):
+        logits = model.apply(
+            {"params": params},
+            batch.input_ids,
+            batch.masked_idx,
+            batch.visible_idx,
+            deterministic=deterministic,
+            rngs={"dropout": rng},
+        )
+        sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
+        return loss.mean_loss(sums), logits.shape
+
+    return jax.value_and_grad(loss_fn, has_aux=True)
+
+
+@pytest.mark.parametrize(
+    "objective,decoder", [("mlm", "self"), ("mae_lm", "self"), ("mae_lm", "cross")]
+)
+def test_compiles_once_for_any_mask_and_padding(objective, decoder):
+    model_cfg, mask_cfg = frozen(tiny_config(objective, decoder, SEQ))
+    model = MaskedLM(model_cfg, pad_id=PAD_ID)
+
+    @jax.jit
+    def step(params, ids, rng):
+        mask_rng, dropout_rng = jax.random.split(rng)
+        return grad_fn(model)(params, masking.mask_batch(mask_rng, ids, mask_cfg), dropout_rng)
+
+    _, params, _ = build(objective, decoder)
+    for seed, lengths in enumerate([None, [3, 30, 0, 12], [SEQ - 2, 1, 1, 1]]):
+        (_, shape), _ = step(params, make_batch(seed, lengths=lengths), jax.random.PRNGKey(seed))
+    assert step._cache_size() == 1
+    k = mask_cfg.num_masked
+    assert tuple(shape) == (4, k, model_cfg.vocab_size)  # logits for the k slots only
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_gradients_reach_mask_embedding_decoder_and_encoder(decoder):
+    model, params, batch = build("mae_lm", decoder)
+    _, grads = jax.jit(grad_fn(model))(params, batch, jax.random.PRNGKey(0))
+    # Every parameter tensor, [MASK] embedding and decoder and encoder included, gets signal.
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
+    assert float(jnp.abs(grads["decoder"]["mask_embedding"]).min()) > 0
+
+
+def stack_layers(tree):
+    """Unscanned params (layers_0, layers_1, ...) -> the scanned layout (stacked 'layers')."""
+    if not isinstance(tree, dict):
+        return tree
+    out, stacked = {}, {}
+    for key, value in tree.items():
+        if key.startswith("layers_"):
+            stacked[int(key.split("_")[1])] = stack_layers(value)
+        else:
+            out[key] = stack_layers(value)
+    if stacked:
+        layers = [stacked[i] for i in sorted(stacked)]
+        out["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+    return out
+
+
+def assert_trees_close(a, b, **tolerances):
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, **tolerances), a, b)
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_scan_over_layers_gives_the_same_loss_and_gradients(decoder):
+    model_loop, params_loop, batch = build("mae_lm", decoder, scan_layers=False)
+    model_scan = MaskedLM(frozen(tiny_config("mae_lm", decoder, SEQ))[0], pad_id=PAD_ID)
+    rng = jax.random.PRNGKey(1)
+    loop_fn = jax.jit(grad_fn(model_loop, deterministic=True))
+    (loss_loop, _), grads_loop = loop_fn(params_loop, batch, rng)
+    params_scan = stack_layers(params_loop)
+    scan_fn = jax.jit(grad_fn(model_scan, deterministic=True))
+    (loss_scan, _), grads_scan = scan_fn(params_scan, batch, rng)
+    np.testing.assert_allclose(loss_scan, loss_loop, rtol=1e-6)
+    assert_trees_close(grads_scan, stack_layers(grads_loop), atol=1e-6, rtol=1e-4)
+
+
+def test_remat_gives_the_same_gradients():
+    model, params, batch = build("mae_lm", "cross")
+    rng = jax.random.PRNGKey(3)  # dropout on: remat must replay the same dropout masks
+    (loss_plain, _), grads_plain = jax.jit(grad_fn(model))(params, batch, rng)
+    for policy in ("full", "dots_saveable"):
+        cfg = frozen(tiny_config("mae_lm", "cross", SEQ, remat_policy=policy))[0]
+        remat_model = MaskedLM(cfg, pad_id=PAD_ID)
+        (loss_remat, _), grads = jax.jit(grad_fn(remat_model))(params, batch, rng)
+        np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
+        assert_trees_close(grads, grads_plain, atol=1e-6, rtol=1e-4)
+
+
+def expected_params(cfg, vocab=32768):
+    """The standard count for post-LN transformers with biases, tied output embedding.
+
+    encoder layer = 4E^2 + 4E (q, k, v, out) + 2EM + M + E (MLP) + 4E (two LayerNorms)
+    cross layer   = two attentions 8E^2 + 8E, the MLP, three LayerNorms 6E
+    embeddings    = VE (tokens) + PE (positions) + 2E (LayerNorm)
+    LM head       = E^2 + E (dense) + 2E (LayerNorm) + V (output bias)
+    decoder       = PE (positions) + 2E (LayerNorm) + E ([MASK]) + layers
+    relative bias = buckets x heads
+    """
+    m = cfg.model
+    e, f, p, v = m.hidden_size, m.mlp_dim, m.max_positions, vocab
+    layer = 4 * e * e + 2 * e * f + 9 * e + f
+    cross_layer = 8 * e * e + 2 * e * f + 15 * e + f
+    total = v * e + p * e + 2 * e + m.num_layers * layer + e * e + 3 * e + v
+    total += m.relative_attention_buckets * m.num_heads
+    if cfg.objective == "mae_lm":
+        per_layer = layer if m.decoder == "self" else cross_layer
+        total += p * e + 3 * e + m.num_decoder_layers * per_layer
+    return total
+
+
+@pytest.mark.parametrize(
+    "config_module",
+    [
+        mlm_base,
+        mlm_large,
+        mae_lm_base,
+        mae_lm_large,
+        three_ml_self_base,
+        three_ml_self_large,
+        three_ml_cross_base,
+        three_ml_cross_large,
+    ],
+)
+def test_paper_config_parameter_counts(config_module):
+    cfg = config_module.get_config()
+    model = MaskedLM(configuration.model_config(cfg, cfg.vocab_size), pad_id=PAD_ID)
+    k = configuration.num_masked(cfg.mask_rate, cfg.seq_len)
+    shapes = jax.eval_shape(
+        model.init,
+        jax.random.PRNGKey(0),
+        jax.ShapeDtypeStruct((1, cfg.seq_len), jnp.int32),
+        jax.ShapeDtypeStruct((1, k), jnp.int32),
+        jax.ShapeDtypeStruct((1, cfg.seq_len - k), jnp.int32),
+    )
+    assert count_params(nn.unbox(shapes["params"])) == expected_params(cfg)
+
+
+def test_base_encoder_size_is_roberta_base():
+    """RoBERTa-base's encoder with our 32k vocab: ~111M; the MAE-LM decoder adds ~29M."""
+    cfg = mlm_base.get_config()
+    assert 110e6 < expected_params(cfg) < 112e6
+    assert 139e6 < expected_params(mae_lm_base.get_config()) < 141e6

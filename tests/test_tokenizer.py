@@ -1,0 +1,155 @@
+"""The SentencePiece wrapper: special-id layout, exact round trips, training and reuse."""
+
+import io
+
+import pytest
+import sentencepiece as spm
+
+from configs import default
+from maelm_jax import tokenizer as tok
+from maelm_jax.configuration import ConfigError
+
+TEXTS = [
+    "The river runs past the old mill and under the stone bridge.",
+    "A quiet morning settled over the harbor while the boats waited.",
+    "She wrote a letter to her brother about the winter garden.",
+    "Every evening the lantern keeper climbed the narrow stairs.",
+    "Children played near the meadow until the light grew soft.",
+    "The library kept its rarest books behind a glass door.\nNobody had opened it for years.",
+    "Music drifted from the window of the house on the hill.",
+    "They walked along the road, talking about the weather and the harvest.",
+    "In 1887 the town built a school, a post office and a small theatre.",
+    "The teacher asked why the moon looks larger near the horizon.",
+]
+VOCAB = 400
+
+
+@pytest.fixture(scope="module")
+def model() -> bytes:
+    return tok.train(TEXTS, VOCAB)
+
+
+@pytest.fixture
+def config():
+    c = default.get_config()
+    c.vocab_size = VOCAB
+    c.tokenizer_train_documents = 1000
+    return c
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        TEXTS[0],
+        "Zebras quickly vex the jumpy wizard, who owes them 42 apples.",
+        "A naïve café serves crème brûlée — for €3.50!",
+        "Unseen words like xylophone and quizzical still survive.",
+    ],
+)
+def test_ordinary_text_round_trips_exactly_without_unk(model, text):
+    t = tok.Tokenizer(model)
+    ids = t.encode(text)
+    assert t.decode(ids) == text
+    assert tok.UNK_ID not in ids
+    assert min(ids) >= tok.FIRST_REGULAR_ID
+
+
+def test_special_ids_follow_fairseq_order(model):
+    t = tok.Tokenizer(model)
+    assert [t.id_to_piece(i) for i in range(5)] == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    assert (t.bos_id, t.pad_id, t.eos_id, t.unk_id, t.mask_id) == (0, 1, 2, 3, 4)
+    assert (tok.BOS_ID, tok.PAD_ID, tok.EOS_ID, tok.UNK_ID, tok.MASK_ID) == (0, 1, 2, 3, 4)
+    assert t.first_regular_id == tok.FIRST_REGULAR_ID == 5
+    assert t.special_ids == (0, 1, 2, 3, 4)
+    assert 300 < t.vocab_size <= VOCAB
+
+
+def test_mask_is_one_piece(model):
+    t = tok.Tokenizer(model)
+    ids = t.encode("The river runs past the <mask> and under the bridge.")
+    assert ids.count(tok.MASK_ID) == 1
+    assert "<mask>" in t.decode(ids)
+    assert t.decode([tok.BOS_ID, *t.encode("the river"), tok.EOS_ID, tok.PAD_ID]) == "the river"
+
+
+def test_serialized_model_reloads_identically(model, tmp_path):
+    t = tok.Tokenizer(model)
+    again = tok.Tokenizer(t.serialized())
+    path = tmp_path / "copy.model"
+    path.write_bytes(t.serialized())
+    from_file = tok.Tokenizer.from_path(path)
+    for other in (again, from_file):
+        assert other.serialized() == model
+        assert other.fingerprint == t.fingerprint
+        assert other.vocab_size == t.vocab_size
+        assert other.encode(TEXTS[5]) == t.encode(TEXTS[5])
+
+
+def test_load_or_train_trains_once_then_reuses_the_workdir_model(config, tmp_path):
+    calls = []
+
+    def documents():
+        calls.append(1)
+        return iter(TEXTS)
+
+    first = tok.load_or_train(config, tmp_path, documents)
+    assert calls == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tok.MODEL_FILENAME]  # no temp left
+
+    def must_not_read():
+        raise AssertionError("a resumed run must reuse WORKDIR/tokenizer.model")
+
+    resumed = tok.load_or_train(config, tmp_path, must_not_read)
+    assert resumed.serialized() == first.serialized()
+
+
+def test_load_or_train_reads_at_most_tokenizer_train_documents(config, tmp_path):
+    config.tokenizer_train_documents = 4
+
+    def documents():
+        yield from TEXTS[:4]
+        raise AssertionError("read past tokenizer_train_documents")
+
+    t = tok.load_or_train(config, tmp_path, documents)
+    assert t.decode(t.encode(TEXTS[1])) == TEXTS[1]
+
+
+def test_load_or_train_prefers_vocab_path(config, model, tmp_path):
+    path = tmp_path / "given.model"
+    path.write_bytes(model)
+    config.vocab_path = str(path)
+    t = tok.load_or_train(config, tmp_path / "workdir", lambda: pytest.fail("trained anyway"))
+    assert t.serialized() == model
+    assert not (tmp_path / "workdir" / tok.MODEL_FILENAME).exists()
+
+
+def test_missing_vocab_path_is_a_config_error(config, tmp_path):
+    config.vocab_path = str(tmp_path / "nowhere.model")
+    with pytest.raises(ConfigError, match=r"nowhere\.model"):
+        tok.load_or_train(config, tmp_path, lambda: iter(TEXTS))
+
+
+def test_vocab_path_that_is_not_a_model_is_a_config_error(config, tmp_path):
+    config.vocab_path = str(tmp_path / "junk.model")
+    (tmp_path / "junk.model").write_bytes(b"not a model")
+    with pytest.raises(ConfigError, match=r"junk\.model: not a SentencePiece model"):
+        tok.load_or_train(config, tmp_path, lambda: iter(TEXTS))
+
+
+def test_too_small_vocab_is_a_config_error():
+    with pytest.raises(ConfigError, match="vocab_size=100"):
+        tok.train(TEXTS, 100)
+
+
+def test_empty_corpus_is_a_config_error():
+    with pytest.raises(ConfigError, match="no text"):
+        tok.train(["", "  \n "], VOCAB)
+
+
+def test_model_with_another_id_layout_is_rejected():
+    writer = io.BytesIO()  # SentencePiece's defaults: <unk>=0, <s>=1, </s>=2
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS), model_writer=writer, vocab_size=100, minloglevel=2
+    )
+    with pytest.raises(ConfigError, match="special pieces"):
+        tok.Tokenizer(writer.getvalue())
