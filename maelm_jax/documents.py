@@ -1,0 +1,216 @@
+"""The documents a process reads: its share of the corpus, with eval held out.
+
+Sources, by `config.dataset`:
+
+* a TFDS name ("wikipedia/20230601.en"): read from `config.data_dir`, already prepared;
+* "text:<glob>": local or gs:// text files, documents separated by blank lines;
+* "python_docs": the embedded corpus (`maelm_jax.default_corpus`), prepared on first use.
+
+Each process reads a disjoint share, so no document is tokenized or trained on twice. Eval
+documents come from `config.eval_split`, or, when that is "", from a held-out
+`eval_holdout_fraction` of the training documents chosen by a hash of their text, so the same
+text is never in both. `config.max_documents > 0` caps the documents read from the source
+split before that partition.
+"""
+
+import glob
+import hashlib
+import itertools
+import os
+from collections.abc import Callable, Iterator
+
+import jax
+import ml_collections
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from jax.experimental import multihost_utils
+
+from maelm_jax import default_corpus
+from maelm_jax.configuration import ConfigError
+
+TEXT_PREFIX = "text:"
+SPLIT_KINDS = ("train", "eval")
+
+
+def _held_out(text: str, fraction: float) -> bool:
+    """Stable across processes, runs and machines: the text's hash, read as a number in [0, 1)."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2.0**64
+
+
+def _share_of_cap(max_documents: int, process_index: int, process_count: int) -> int | None:
+    """This process's part of `max_documents` (None: no cap); the parts sum to the cap."""
+    if max_documents <= 0:
+        return None
+    return max_documents // process_count + (process_index < max_documents % process_count)
+
+
+def _text_documents(pattern: str, process_index: int, process_count: int) -> Iterator[str]:
+    """Documents of the files matching `pattern` (sorted), dealt round-robin to processes.
+
+    Every process scans every file, keeping only its documents: fine for the local corpora
+    this source is for; large corpora belong in TFDS, where each host reads only its shard.
+    """
+    files = _glob(pattern)
+    index = 0
+    for path in files:
+        lines: list[str] = []
+        with tf.io.gfile.GFile(path, "rb") as f:
+            for raw in itertools.chain(f, [b""]):  # b"" ends the last document
+                line = raw.decode("utf-8", errors="replace")
+                if line.strip():
+                    lines.append(line.rstrip("\r\n"))
+                    continue
+                if lines:
+                    if index % process_count == process_index:
+                        yield "\n".join(lines).strip()
+                    index += 1
+                    lines = []
+
+
+def _glob(pattern: str) -> list[str]:
+    if "://" in pattern:
+        files = tf.io.gfile.glob(pattern)
+    else:
+        matches = glob.glob(os.path.expanduser(pattern), recursive=True)
+        files = [f for f in matches if os.path.isfile(f)]
+    if not files:
+        raise ConfigError(
+            f"dataset={TEXT_PREFIX + pattern!r}: the glob {pattern!r} matches no file; "
+            "give text files whose documents are separated by blank lines"
+        )
+    return sorted(files)
+
+
+def _tfds_builder(config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+    """The dataset's builder, prepared; for `python_docs` preparing it first if needed."""
+    name = config.dataset
+    if name == default_corpus.NAME:
+        return default_corpus.builder(config.data_dir)
+    try:
+        builder = tfds.builder(name, data_dir=config.data_dir)
+    except (tfds.core.registered.DatasetNotFoundError, ValueError, AssertionError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"dataset={name!r} is not a TFDS dataset ({reason}); list the names with "
+            "`python -c 'import tensorflow_datasets as tfds; print(tfds.list_builders())'`, "
+            f"or use '{TEXT_PREFIX}<glob>' or '{default_corpus.NAME}'"
+        ) from None
+    if not builder.is_prepared():
+        raise ConfigError(
+            f"dataset={name!r} is not prepared in data_dir={builder.data_dir_root!r}; "
+            f"prepare it once with `tfds build {name} --data_dir=...` and set data_dir"
+        )
+    return builder
+
+
+def _text_feature(builder: tfds.core.DatasetBuilder) -> str:
+    """'text', else 'content', else the only Text feature; anything else is ambiguous."""
+    features = builder.info.features
+    for key in ("text", "content"):
+        if key in features:
+            return key
+    texts = [k for k, f in features.items() if isinstance(f, tfds.features.Text)]
+    if len(texts) != 1:
+        raise ConfigError(
+            f"dataset={builder.name!r} has no 'text' or 'content' feature and no single Text "
+            f"feature to use instead; its features are {sorted(features)}"
+        )
+    return texts[0]
+
+
+def _tfds_documents(
+    config: ml_collections.ConfigDict, split_key: str, process_index: int, process_count: int
+) -> Iterator[str]:
+    """This process's contiguous `tfds.even_splits` part of the split, in file order."""
+    builder = _tfds_builder(config)
+    split = config[split_key]
+    if any(part.split("[")[0].strip() not in builder.info.splits for part in split.split("+")):
+        raise ConfigError(
+            f"{split_key}={split!r} is not a split of dataset={config.dataset!r}; "
+            f"it has {sorted(builder.info.splits)}"
+        )
+    key = _text_feature(builder)
+    shard = tfds.even_splits(split, n=process_count)[process_index]
+    ds = builder.as_dataset(split=shard, shuffle_files=False)
+    for text in ds.map(lambda ex: ex[key]).as_numpy_iterator():
+        yield text.decode("utf-8")
+
+
+def _source_documents(
+    config: ml_collections.ConfigDict, split_key: str, process_index: int, process_count: int
+) -> Iterator[str]:
+    if config.dataset.startswith(TEXT_PREFIX):
+        if config[split_key] != "train":
+            raise ConfigError(
+                f"{split_key}={config[split_key]!r} is not allowed for dataset="
+                f"{config.dataset!r}: text files have one split, 'train' (leave eval_split "
+                "empty to hold out eval_holdout_fraction of it)"
+            )
+        docs = _text_documents(config.dataset[len(TEXT_PREFIX) :], process_index, process_count)
+    else:
+        docs = _tfds_documents(config, split_key, process_index, process_count)
+    docs = (d for d in docs if d.strip())
+    return itertools.islice(docs, _share_of_cap(config.max_documents, process_index, process_count))
+
+
+def _started(docs: Iterator[str]) -> Iterator[str] | None:
+    """`docs` unchanged, but with its first item drawn now, so that a lazy source's checks
+    raise here rather than at the caller's first `next`; None when there is no first item."""
+    first = next(docs, None)
+    return None if first is None else itertools.chain([first], docs)
+
+
+def read_documents(
+    config: ml_collections.ConfigDict, split_kind: str, process_index: int, process_count: int
+) -> Iterator[str]:
+    """This process's documents of the 'train' or 'eval' split, in a fixed order.
+
+    Shares of different processes are disjoint and together cover the split. Raises
+    ConfigError now (not at the first `next`) for an unknown dataset, split or glob.
+    """
+    if split_kind not in SPLIT_KINDS:
+        raise ValueError(f"split_kind={split_kind!r}; use one of {SPLIT_KINDS}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    fraction = config.eval_holdout_fraction
+    if not config.eval_split and not 0.0 <= fraction < 1.0:
+        raise ConfigError(f"eval_holdout_fraction={fraction} must lie in [0, 1)")
+    if split_kind == "eval" and config.eval_split:
+        docs = _source_documents(config, "eval_split", process_index, process_count)
+    else:
+        docs = _source_documents(config, "train_split", process_index, process_count)
+        if not config.eval_split:
+            want_eval = split_kind == "eval"
+            docs = (d for d in docs if _held_out(d, fraction) == want_eval)
+    return _started(docs) or iter(())
+
+
+def prepare_dataset(config: ml_collections.ConfigDict, process_index: int) -> None:
+    """Prepares the embedded corpus if `config.dataset` is it. Collective: every process
+    calls it; process 0 prepares first, so processes sharing a data_dir never race, and the
+    others then prepare their own copy only if their data_dir is not shared."""
+    if config.dataset != default_corpus.NAME:
+        return
+    if process_index == 0:
+        default_corpus.builder(config.data_dir)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("maelm_jax.documents.prepare_dataset")
+    default_corpus.builder(config.data_dir)
+
+
+def documents_fn(
+    config: ml_collections.ConfigDict, process_index: int
+) -> Callable[[], Iterator[str]]:
+    """What `tokenizer.load_or_train` trains on: all training documents (eval held out), as
+    one process reads them. Collective (it prepares the dataset); the returned function is
+    called by process 0 alone."""
+    prepare_dataset(config, process_index)
+
+    def documents() -> Iterator[str]:
+        docs = _started(read_documents(config, "train", 0, 1))
+        if docs is None:
+            raise ConfigError(f"dataset={config.dataset!r} has no training documents")
+        return docs
+
+    return documents

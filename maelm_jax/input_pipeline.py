@@ -1,0 +1,93 @@
+"""Training data the fairseq way: tokenize and pack once, then draw any step's batch directly.
+
+The entry point that ties the stages together for one process: its share of the documents
+(`documents`), tokenized, packed and cached once per workdir (`packing`), and served as
+step-addressed batches (`batches`), so a resumed run reloads the cache and replays exactly
+the batches an uninterrupted run would have seen.
+"""
+
+import dataclasses
+import os
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from maelm_jax.batches import TrainBatches, eval_batches
+from maelm_jax.configuration import ConfigError
+from maelm_jax.documents import prepare_dataset
+from maelm_jax.packing import packed_blocks
+from maelm_jax.tokenizer import PAD_ID, Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Datasets:
+    """This process's data: train batches, the fixed eval batches and their sizes (blocks and
+    non-pad tokens, `<s>`/`</s>` included; the eval counts exclude padding rows)."""
+
+    train: TrainBatches
+    eval: list[np.ndarray]
+    train_blocks: int
+    train_tokens: int
+    eval_blocks: int
+    eval_tokens: int
+
+
+def local_batch_size(config: ml_collections.ConfigDict, process_count: int) -> int:
+    """Rows per process; ConfigError unless `config.batch_size` splits evenly."""
+    if config.batch_size % process_count:
+        raise ConfigError(
+            f"batch_size={config.batch_size} is not divisible by the process count "
+            f"{process_count}; use a multiple of {process_count}"
+        )
+    return config.batch_size // process_count
+
+
+def _non_pad_tokens(blocks: np.ndarray) -> int:
+    return int(np.count_nonzero(np.asarray(blocks) != PAD_ID))
+
+
+def create_datasets(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    tokenizer: Tokenizer,
+    process_index: int,
+    process_count: int,
+) -> Datasets:
+    """Reads, tokenizes, packs and caches this process's share, once per workdir; a resumed
+    run loads the cache. Collective: every process calls it (it may prepare the dataset)."""
+    batch_size = local_batch_size(config, process_count)
+    if not config.eval_split and config.eval_batches > 0 and config.eval_holdout_fraction <= 0:
+        raise ConfigError(
+            f"eval_holdout_fraction={config.eval_holdout_fraction} with eval_split='' leaves "
+            "no eval documents; set a fraction in (0, 1), an eval_split, or eval_batches=0"
+        )
+    prepare_dataset(config, process_index)
+    train = packed_blocks(config, workdir, tokenizer, "train", process_index, process_count)
+    if len(train) == 0:
+        raise ConfigError(
+            f"dataset={config.dataset!r} (train_split={config.train_split!r}) gave process "
+            f"{process_index} of {process_count} no tokens: the corpus is empty or too small"
+        )
+    rows = config.eval_batches * batch_size
+    evals = np.zeros((0, config.seq_len), np.int32)
+    if rows:
+        evals = packed_blocks(
+            config, workdir, tokenizer, "eval", process_index, process_count, max_blocks=rows
+        )
+    if process_index == 0:
+        logging.info(
+            "Data on process 0 of %d: %d train blocks, %d eval blocks of %d tokens",
+            process_count,
+            len(train),
+            len(evals),
+            config.seq_len,
+        )
+    return Datasets(
+        train=TrainBatches(train, batch_size, config.seed, process_index),
+        eval=eval_batches(evals, config.eval_batches, batch_size),
+        train_blocks=len(train),
+        train_tokens=_non_pad_tokens(train),
+        eval_blocks=len(evals),
+        eval_tokens=_non_pad_tokens(evals),
+    )

@@ -1,0 +1,94 @@
+"""Documents: text files and TFDS shares per process, the eval hold-out, the cap, bad sources."""
+
+import collections
+
+import pytest
+from text_corpora import data_config, sample_corpus
+
+from maelm_jax import default_corpus
+from maelm_jax.configuration import ConfigError
+from maelm_jax.documents import documents_fn, read_documents
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return sample_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def python_docs_dir(tmp_path_factory):
+    """Same directory as test_default_corpus.py's fixture: the corpus is built once."""
+    data_dir = tmp_path_factory.getbasetemp() / "python_docs_data"
+    default_corpus.builder(str(data_dir))
+    return str(data_dir)
+
+
+def test_text_files_are_read_as_blank_line_separated_documents(corpus):
+    pattern, docs = corpus
+    read = list(read_documents(data_config(pattern, eval_holdout_fraction=0.0), "train", 0, 1))
+    assert read == docs
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_text_shards_are_disjoint_and_cover_train_and_eval(corpus, count):
+    pattern, docs = corpus
+    c = data_config(pattern)
+    whole = {}
+    for kind in ("train", "eval"):
+        shares = [list(read_documents(c, kind, i, count)) for i in range(count)]
+        merged = collections.Counter(d for s in shares for d in s)
+        assert max(merged.values()) == 1  # no document twice
+        assert set(merged) == set(read_documents(c, kind, 0, 1))
+        assert all(shares)
+        whole[kind] = set(merged)
+    assert not whole["train"] & whole["eval"]
+    assert whole["train"] | whole["eval"] == set(docs)
+    assert 0 < len(whole["eval"]) < len(docs) / 2
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_python_docs_shards_are_disjoint_and_cover(python_docs_dir, count):
+    c = data_config("python_docs", data_dir=python_docs_dir, eval_holdout_fraction=0.02)
+    whole = list(read_documents(c, "train", 0, 1))
+    shares = [list(read_documents(c, "train", i, count)) for i in range(count)]
+    assert sorted(d for s in shares for d in s) == sorted(whole)
+    assert all(len(s) > len(whole) // (count + 1) for s in shares)  # roughly even
+    held_out = set(read_documents(c, "eval", 0, 1))
+    assert held_out and not held_out & set(whole)
+
+
+def test_max_documents_caps_the_split_across_processes(corpus):
+    pattern, docs = corpus
+    c = data_config(pattern, eval_holdout_fraction=0.0, max_documents=7)
+    assert list(read_documents(c, "train", 0, 1)) == docs[:7]
+    shares = [list(read_documents(c, "train", i, 3)) for i in range(3)]
+    assert sorted(d for s in shares for d in s) == sorted(docs[:7])
+
+
+def test_documents_fn_reads_the_training_documents(corpus):
+    pattern, docs = corpus
+    c = data_config(pattern)
+    read = list(documents_fn(c, 0)())
+    assert read == list(read_documents(c, "train", 0, 1))
+    assert set(read) < set(docs)
+
+
+def test_unknown_tfds_name_is_a_config_error(tmp_path):
+    c = data_config("no_such_dataset_xyz", data_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"no_such_dataset_xyz.*list_builders"):
+        read_documents(c, "train", 0, 1)
+
+
+def test_glob_matching_no_file_is_a_config_error(tmp_path):
+    c = data_config(f"text:{tmp_path}/*.missing")
+    with pytest.raises(ConfigError, match=r"\*\.missing"):
+        read_documents(c, "train", 0, 1)
+
+
+def test_unknown_split_is_a_config_error(python_docs_dir, corpus):
+    c = data_config("python_docs", data_dir=python_docs_dir, train_split="validation")
+    with pytest.raises(ConfigError, match=r"'validation'.*\['train'\]"):
+        read_documents(c, "train", 0, 1)
+    c = data_config(corpus[0], eval_split="test")
+    with pytest.raises(ConfigError, match="eval_split='test'"):
+        read_documents(c, "eval", 0, 1)

@@ -1,0 +1,95 @@
+"""create_datasets: shapes, token counts, eval padding, the workdir cache, bad input."""
+
+import numpy as np
+import pytest
+from text_corpora import data_config, sample_corpus, sample_document, write_corpus
+
+from maelm_jax import tokenizer as tok
+from maelm_jax.configuration import ConfigError
+from maelm_jax.documents import documents_fn, read_documents
+from maelm_jax.input_pipeline import create_datasets
+from maelm_jax.packing import CACHE_DIRNAME
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return sample_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus):
+    return tok.Tokenizer(tok.train(corpus[1], 320))
+
+
+def _documents_of(blocks: np.ndarray) -> list[list[int]]:
+    """Inverse of packing: drop each block's <s>, join, cut at </s>, drop trailing pads."""
+    assert (blocks[:, 0] == tok.BOS_ID).all()
+    stream = blocks[:, 1:].reshape(-1).tolist()
+    while stream and stream[-1] == tok.PAD_ID:
+        stream.pop()
+    assert stream[-1] == tok.EOS_ID
+    docs, current = [], []
+    for t in stream:
+        if t == tok.EOS_ID:
+            docs.append(current)
+            current = []
+        else:
+            current.append(t)
+    return docs
+
+
+def test_create_datasets_shapes_tokens_and_eval_padding(corpus, tokenizer, tmp_path):
+    pattern, _ = corpus
+    c = data_config(pattern, eval_batches=40)
+    data = create_datasets(c, tmp_path, tokenizer, process_index=1, process_count=2)
+    assert data.train.batch(0).shape == (2, 16)
+    train_docs = list(read_documents(c, "train", 1, 2))
+    assert _documents_of(np.asarray(data.train.blocks)) == tokenizer.encode_batch(train_docs)
+    expected_tokens = sum(len(tokenizer.encode(d)) + 1 for d in train_docs)
+    assert data.train_tokens == expected_tokens + data.train_blocks  # + one <s> per block
+    assert len(data.eval) == 40 and all(b.shape == (2, 16) for b in data.eval)
+    rows = np.concatenate(data.eval)
+    real, padding = rows[: data.eval_blocks], rows[data.eval_blocks :]
+    assert len(padding) and (padding == tok.PAD_ID).all()
+    eval_docs = list(read_documents(c, "eval", 1, 2))
+    assert _documents_of(real) == tokenizer.encode_batch(eval_docs)
+    c.eval_batches = 3  # fewer rows than the eval blocks: the first ones, in order
+    few = create_datasets(c, tmp_path, tokenizer, process_index=1, process_count=2)
+    assert (np.concatenate(few.eval) == real[:6]).all()
+
+
+def test_blocks_are_cached_in_the_workdir_and_reused(tokenizer, tmp_path):
+    docs = [sample_document(i) for i in range(100, 130)]
+    pattern = write_corpus(tmp_path / "corpus", docs)
+    c = data_config(pattern)
+    first = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
+    cached = sorted((tmp_path / "work" / CACHE_DIRNAME).iterdir())
+    assert [p.suffix for p in cached] == [".npy", ".npy"]  # train and eval, no temp files
+    write_corpus(tmp_path / "corpus", [sample_document(i) for i in range(200, 230)])
+    resumed = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
+    assert (np.asarray(resumed.train.blocks) == np.asarray(first.train.blocks)).all()
+    c.seq_len = 12  # a new key: read the (changed) corpus again
+    changed = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
+    assert changed.train.blocks.shape[1] == 12
+    assert len(list((tmp_path / "work" / CACHE_DIRNAME).iterdir())) == 4
+
+
+def test_empty_corpus_is_a_config_error(tokenizer, tmp_path):
+    (tmp_path / "blank.txt").write_text("\n\n   \n\t\n")
+    c = data_config(f"text:{tmp_path}/*.txt")
+    with pytest.raises(ConfigError, match=r"blank|\*\.txt"):
+        create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
+    with pytest.raises(ConfigError, match=r"\*\.txt"):
+        documents_fn(c, 0)()
+
+
+def test_batch_size_not_divisible_by_process_count_is_a_config_error(corpus, tokenizer, tmp_path):
+    c = data_config(corpus[0], batch_size=10)
+    with pytest.raises(ConfigError, match=r"batch_size=10.*\b3\b"):
+        create_datasets(c, tmp_path, tokenizer, 0, 3)
+
+
+def test_no_eval_documents_is_a_config_error(corpus, tokenizer, tmp_path):
+    c = data_config(corpus[0], eval_holdout_fraction=0.0)
+    with pytest.raises(ConfigError, match=r"eval_holdout_fraction=0\.0"):
+        create_datasets(c, tmp_path, tokenizer, 0, 1)
