@@ -1,10 +1,13 @@
 """Tiny versions of the real configs, for tests that must run in seconds on a CPU."""
 
+import pathlib
+
 from configs import default
 from maelm_jax import configuration
 from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 
 VOCAB = 300
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def tiny_config(objective="mae_lm", decoder="self", seq_len=32, **model_overrides):
@@ -37,3 +40,38 @@ def frozen(c, vocab=VOCAB):
         special_ids=(BOS_ID, PAD_ID, EOS_ID),
         first_regular_id=FIRST_REGULAR_ID,
     )
+
+
+def tiny_run_config(dataset: str, /, **overrides):
+    """A whole run in seconds: the tiny MAE-LM on `dataset`, logging every step."""
+    c = tiny_config()
+    c.dataset = dataset
+    c.mask_rate = 0.2
+    c.num_train_steps = 24
+    c.learning_rate = 3e-3
+    c.warmup_steps = 4
+    c.log_every_steps = 1
+    c.eval_every_steps = 12
+    c.eval_batches = 1
+    c.eval_holdout_fraction = 0.1
+    c.checkpoint_every_steps = 8
+    c.tokenizer_train_documents = 1000
+    for key, value in overrides.items():
+        target = c
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    return c
+
+
+def run_flags(c) -> list[str]:
+    """`--config.key=value` flags that turn configs/default.py into config `c`."""
+    base = default.get_config()
+    flags = []
+    for key, value in c.items():
+        if isinstance(value, type(base.model)):
+            flags += [f"--config.{key}.{k}={v}" for k, v in value.items() if base[key][k] != v]
+        elif base[key] != value:
+            flags.append(f"--config.{key}={value}")
+    return flags

@@ -1,0 +1,307 @@
+"""Orbax checkpoints in `WORKDIR/checkpoints/<step>/` that a preempted pod job can trust.
+
+A checkpoint holds the train state (params, optimizer state, step), the data-pipeline
+position, the config (JSON) and the tokenizer model, so a run can be resumed or exported
+from the checkpoint alone. Saves are asynchronous and every process takes part.
+
+Trust comes from a manifest: when all of a step's files are written and before Orbax
+commits the step, process 0 adds `maelm_manifest.json` listing every file and its size. A step without it, with a file
+missing or resized, or whose arrays fail to read, is reported, renamed to
+`<step>.unusable-<reason>` (never deleted) and the previous good step is used instead.
+A checkpoint that is readable but does not fit the model is a hard error, never skipped.
+"""
+
+import base64
+import collections
+import json
+import os
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+
+from maelm_jax.configuration import ConfigError
+from maelm_jax.tokenizer import Tokenizer
+from maelm_jax.train_state import TrainState
+
+CHECKPOINT_DIRNAME = "checkpoints"
+MANIFEST = "maelm_manifest.json"
+ORBAX_COMMIT = "commit_success.txt"
+_ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+# Orbax rewrites these while committing, after the manifest is taken.
+_UNLISTED = {MANIFEST, ORBAX_COMMIT, "_CHECKPOINT_METADATA"}
+
+
+class CheckpointSaveError(RuntimeError):
+    """An asynchronous save failed; the run must stop rather than go on unprotected."""
+
+
+def _keystr(path) -> str:
+    parts = []
+    for key in path:
+        parts.append(str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))))
+    return "/".join(parts)
+
+
+def _shapes_by_path(tree) -> dict[str, tuple]:
+    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
+    return {_keystr(path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def check_params_match(saved_params, model_params, where: str) -> None:
+    """ConfigError naming the first parameter whose presence or shape differs."""
+    saved, wanted = _shapes_by_path(saved_params), _shapes_by_path(model_params)
+    for path in sorted(set(saved) | set(wanted)):
+        if path not in saved:
+            raise ConfigError(
+                f"checkpoint {where} has no parameter {path!r}; the model wants shape "
+                f"{wanted[path]}: the checkpoint was written by a different architecture"
+            )
+        if path not in wanted:
+            raise ConfigError(
+                f"checkpoint {where} has parameter {path!r} with shape {saved[path]} that the "
+                "model does not have: the checkpoint was written by a different architecture"
+            )
+        if saved[path] != wanted[path]:
+            raise ConfigError(
+                f"checkpoint {where}: parameter {path!r} has shape {saved[path]} in the "
+                f"checkpoint but {wanted[path]} in the model (check num_layers, hidden_size, "
+                "vocab and scan_layers)"
+            )
+
+
+def _list_files(step_dir: epath.Path) -> dict[str, int]:
+    """{relative path: size} of the files below `step_dir` that stay fixed once written."""
+    files = {}
+    pending = [step_dir]
+    while pending:
+        for path in pending.pop().iterdir():
+            if path.is_dir():
+                pending.append(path)
+            elif path.name not in _UNLISTED:
+                files[os.fspath(path.relative_to(step_dir))] = path.stat().length
+    return files
+
+
+def problem_with(step_dir: epath.Path) -> str | None:
+    """Why a committed-looking step cannot be trusted, or None if its files are all there."""
+    if not (step_dir / ORBAX_COMMIT).exists():
+        return f"no {ORBAX_COMMIT}: the save never finished"
+    manifest = step_dir / MANIFEST
+    if not manifest.exists():
+        return f"no {MANIFEST}: the save was not confirmed complete"
+    try:
+        expected = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        return f"unreadable {MANIFEST} ({e})"
+    present = _list_files(step_dir)
+    for name, size in sorted(expected.items()):
+        if name not in present:
+            return f"file {name} is missing"
+        if present[name] != size:
+            return f"file {name} has {present[name]} bytes, {size} were written"
+    return None
+
+
+def _agree(ok: bool) -> bool:
+    """True only if every process says True: restores must not diverge across hosts."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+class Checkpointer:
+    """Saves and restores one run's checkpoints; all processes construct and call it."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir, tokenizer: Tokenizer):
+        self.directory = epath.Path(workdir) / CHECKPOINT_DIRNAME
+        # Orbax finishes saves in the order they start; its commit callback takes the oldest.
+        self._uncommitted: collections.deque[tuple[int, float]] = collections.deque()
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=config.checkpoint_every_steps,
+            max_to_keep=config.keep_checkpoints,
+            keep_period=config.keep_every_steps or None,
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._before_commit),
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "data": ocp.JsonCheckpointHandler(),
+                "config": ocp.JsonCheckpointHandler(),
+                "tokenizer": ocp.JsonCheckpointHandler(),
+            },
+        )
+        self._config_json = json.loads(config.to_json_best_effort())
+        self._tokenizer_json = {
+            "sentencepiece_model_base64": base64.b64encode(tokenizer.serialized()).decode(),
+            "fingerprint": tokenizer.fingerprint,
+        }
+
+    # --- Saving ---------------------------------------------------------------------------
+
+    def _before_commit(self):
+        """Orbax calls this once a step's files are all written, just before it commits the
+        step (renames its temporary directory, or writes commit_success.txt on object
+        stores). Writing the manifest here makes it part of the same atomic commit."""
+        if not self._uncommitted:
+            return
+        step, started = self._uncommitted.popleft()
+        if jax.process_index() != 0:
+            return
+        step_dir = self.directory / f"{step}{_ORBAX_TMP_SUFFIX}"
+        if not step_dir.exists():  # object stores commit in place
+            step_dir = self.directory / str(step)
+        manifest = {"step": step, "files": _list_files(step_dir)}
+        (step_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        logging.info(
+            "Checkpoint %d written in %.1fs (%.1f MB)",
+            step,
+            time.perf_counter() - started,
+            sum(manifest["files"].values()) / 1e6,
+        )
+
+    def check_for_errors(self) -> None:
+        """Raises CheckpointSaveError if a background save failed."""
+        try:
+            self.manager.check_for_errors()
+        except Exception as e:
+            raise CheckpointSaveError(f"saving a checkpoint in {self.directory} failed: {e}") from e
+
+    def save(self, step: int, state: TrainState, data_state: dict, force: bool = False) -> bool:
+        """Starts an async save of `state` at `step`; returns once the arrays are copied."""
+        self.check_for_errors()
+        if step in self.manager.all_steps():
+            return False
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state),
+            config=ocp.args.JsonSave(self._config_json),
+            tokenizer=ocp.args.JsonSave(self._tokenizer_json),
+        )
+        self._uncommitted.append((step, time.perf_counter()))
+        try:
+            saved = self.manager.save(step, args=args, force=force)
+        except Exception as e:
+            raise CheckpointSaveError(f"saving checkpoint {step} failed: {e}") from e
+        if not saved:
+            self._uncommitted.pop()
+        return saved
+
+    def wait_until_finished(self) -> None:
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise CheckpointSaveError(f"saving a checkpoint in {self.directory} failed: {e}") from e
+        self.check_for_errors()
+
+    def close(self) -> None:
+        self.wait_until_finished()
+        self.manager.close()
+
+    # --- Restoring ------------------------------------------------------------------------
+
+    def _quarantine(self, step: int, reason: str) -> None:
+        if jax.process_index() == 0:
+            tag = "".join(c if c.isalnum() else "-" for c in reason.split(":")[0])[:40]
+            target = self.directory / f"{step}.unusable-{tag.strip('-')}"
+            (self.directory / str(step)).rename(target)
+            logging.warning("Moved checkpoint %d aside to %s", step, target)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"maelm_jax.checkpointing.quarantine.{step}")
+
+    def restore_latest(self, abstract_state: TrainState):
+        """(state, data_state) from the newest trustworthy step, or None if there is none.
+
+        `abstract_state` carries the target shardings, so a checkpoint written on another
+        mesh, device count or process count is resharded while it is read.
+        """
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        skipped = []
+        for step in steps:
+            step_dir = self.directory / str(step)
+            problem = problem_with(step_dir)
+            if problem is None:
+                saved = self.manager.item_metadata(step)["state"]
+                saved_params = saved.tree["params"] if hasattr(saved, "tree") else saved["params"]
+                check_params_match(saved_params, abstract_state.params, os.fspath(step_dir))
+                try:
+                    restored = self.manager.restore(
+                        step,
+                        args=ocp.args.Composite(
+                            state=ocp.args.StandardRestore(abstract_state),
+                            data=ocp.args.JsonRestore(),
+                        ),
+                    )
+                except Exception as e:  # a truncated or corrupted array file
+                    problem = f"unreadable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    restored = None
+                if _agree(restored is not None):
+                    for bad_step, reason in skipped:
+                        self._quarantine(bad_step, reason)
+                    if skipped:
+                        self.manager.reload()
+                    logging.info("Restored checkpoint %s", step_dir)
+                    return restored.state, restored.data
+                problem = problem or "unreadable on another process"
+            logging.warning(
+                "Checkpoint %s is incomplete or corrupt (%s); trying the previous one",
+                step_dir,
+                problem,
+            )
+            skipped.append((step, problem))
+        if skipped:
+            reasons = "; ".join(f"step {s}: {r}" for s, r in skipped)
+            raise ConfigError(
+                f"no usable checkpoint in {self.directory} ({reasons}). Nothing was changed; "
+                "move the directory away to start from step 0"
+            )
+        return None
+
+
+def _resolve_init_from(path: epath.Path) -> epath.Path:
+    """A step directory, or the newest trustworthy step of a checkpoints dir or workdir."""
+    if (path / "state").exists():
+        return path
+    root = path / CHECKPOINT_DIRNAME if (path / CHECKPOINT_DIRNAME).exists() else path
+    steps = sorted((int(p.name) for p in root.glob("*") if p.name.isdigit()), reverse=True)
+    for step in steps:
+        if problem_with(root / str(step)) is None:
+            return root / str(step)
+    raise ConfigError(
+        f"init_from={os.fspath(path)!r} holds no usable checkpoint; give a step directory "
+        "(.../checkpoints/<step>), a checkpoints directory or a workdir"
+    )
+
+
+def load_params(init_from: str, abstract_params):
+    """Only the parameters of another run's checkpoint, placed in `abstract_params`'s
+    shardings; the optimizer state and step of that run are not read."""
+    path = epath.Path(init_from)
+    if not path.exists():
+        raise ConfigError(f"init_from={init_from!r} does not exist")
+    step_dir = _resolve_init_from(path)
+    handler = ocp.StandardCheckpointHandler()
+    saved = handler.metadata(step_dir / "state")
+    saved_tree = saved.tree if hasattr(saved, "tree") else saved
+    check_params_match(saved_tree["params"], abstract_params, os.fspath(step_dir))
+    target = {"params": abstract_params}
+    restored = ocp.PyTreeCheckpointer().restore(
+        step_dir / "state",
+        args=ocp.args.PyTreeRestore(
+            item=target,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True,
+        ),
+    )
+    logging.info("Initialised parameters from %s", step_dir)
+    return restored["params"]

@@ -1,0 +1,45 @@
+"""AdamW with RoBERTa's settings: linear warmup, linear decay, global-norm clipping."""
+
+import jax
+import ml_collections
+import optax
+
+# Leaf names that get no weight decay: biases and LayerNorm scales (and the LM head bias).
+_NO_DECAY = {"bias", "scale", "output_bias"}
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+    """0 -> learning_rate over warmup_steps, then linearly to 0 at num_train_steps."""
+    warmup = max(1, min(config.warmup_steps, config.num_train_steps))
+    decay = max(1, config.num_train_steps - warmup)
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, config.learning_rate, warmup),
+            optax.linear_schedule(config.learning_rate, 0.0, decay),
+        ],
+        [warmup],
+    )
+
+
+def decay_mask(params):
+    """True where weight decay applies: every leaf except biases and LayerNorm scales."""
+
+    def keep(path, _):
+        names = [getattr(k, "key", None) for k in path]
+        return not any(name in _NO_DECAY for name in names)
+
+    return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adamw(
+            learning_rate_schedule(config),
+            b1=config.adam_b1,
+            b2=config.adam_b2,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+            mask=decay_mask,
+        ),
+    )

@@ -1,0 +1,118 @@
+"""A config on a mesh -> the sharded, jitted programs: init, train step, eval step.
+
+Training, ahead-of-time compilation for a TPU topology and checkpoint restore all start
+from the same `Programs`, so what `maelm_jax.compile` measures is what `main` runs.
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from maelm_jax import configuration, optimizer, sharding, train_state, train_step
+from maelm_jax.model import MaskedLM
+from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    mesh: Mesh
+    rules: tuple
+    model: MaskedLM
+    model_cfg: configuration.ModelConfig
+    masking_cfg: configuration.MaskingConfig
+    tx: optax.GradientTransformation
+    init_fn: Any  # rng -> boxed TrainState
+    boxed_state: train_state.TrainState  # abstract: shapes + logical axes
+    state_shardings: train_state.TrainState  # NamedSharding per leaf
+    batch_sharding: NamedSharding
+    train_step: Any  # jitted (state, batch) -> (state, metrics); donates state
+    eval_step: Any  # jitted (params, batch, index) -> sums
+
+    def abstract_state(self) -> train_state.TrainState:
+        """ShapeDtypeStructs with shardings, for AOT lowering and checkpoint restore."""
+        return train_state.sharded_shapes(self.boxed_state, self.state_shardings)
+
+    def abstract_batch(self, global_batch: int, seq_len: int) -> dict:
+        shape = jax.ShapeDtypeStruct(
+            (global_batch, seq_len), jnp.int32, sharding=self.batch_sharding
+        )
+        return {"input_ids": shape}
+
+    def initialize(self, rng: jax.Array) -> train_state.TrainState:
+        with sharding.activate(self.mesh, self.rules):
+            return train_state.initialize(self.init_fn, rng, self.state_shardings)
+
+
+def build(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int) -> Programs:
+    """Everything a run needs before data arrives; validates the config against the mesh.
+
+    `vocab_size` is the tokenizer's (unpadded) size: it bounds random MLM replacements,
+    and its multiple-of-128 padding sizes the embedding.
+    """
+    configuration.validate(config)
+    rules = sharding.axis_rules(config)
+    sharding.check_batch(config, mesh, rules)
+    model_cfg = configuration.model_config(config, vocab_size)
+    masking_cfg = configuration.masking_config(
+        config,
+        vocab_size=vocab_size,
+        mask_id=MASK_ID,
+        pad_id=PAD_ID,
+        special_ids=(BOS_ID, PAD_ID, EOS_ID),
+        first_regular_id=FIRST_REGULAR_ID,
+    )
+    model = MaskedLM(model_cfg, pad_id=PAD_ID)
+    tx = optimizer.create_optimizer(config)
+    init_fn = train_state.make_init_fn(model, tx, model_cfg, config.seq_len, masking_cfg.num_masked)
+    with sharding.activate(mesh, rules):
+        boxed = train_state.abstract_state(init_fn)
+    specs = train_state.logical_specs(boxed)
+    sharding.check_divisible(specs.params, nn.meta.unbox(boxed.params), mesh, rules)
+    state_shardings = sharding.shardings(specs, mesh, rules)
+    batch_sharding = sharding.batch_sharding(mesh, rules)
+    batch_shardings = {"input_ids": batch_sharding}
+    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    step = functools.partial(
+        train_step.train_step,
+        model=model,
+        tx=tx,
+        schedule=optimizer.learning_rate_schedule(config),
+        masking_cfg=masking_cfg,
+        seed=config.seed,
+        grad_accum_steps=config.grad_accum_steps,
+        inject_nan_at_step=config.inject_nan_at_step,
+    )
+    evaluate = functools.partial(
+        train_step.eval_step, model=model, masking_cfg=masking_cfg, seed=config.seed
+    )
+    return Programs(
+        mesh=mesh,
+        rules=rules,
+        model=model,
+        model_cfg=model_cfg,
+        masking_cfg=masking_cfg,
+        tx=tx,
+        init_fn=init_fn,
+        boxed_state=boxed,
+        state_shardings=state_shardings,
+        batch_sharding=batch_sharding,
+        train_step=jax.jit(
+            step,
+            in_shardings=(state_shardings, batch_shardings),
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=0,
+        ),
+        eval_step=jax.jit(
+            evaluate,
+            in_shardings=(state_shardings.params, batch_shardings, replicated),
+            out_shardings=replicated,
+        ),
+    )

@@ -1,0 +1,70 @@
+"""The train state, built abstractly first so it can be sharded before it exists.
+
+`abstract_state` (shapes plus logical axis names, no memory) feeds three consumers: the
+sharded initialisation, ahead-of-time compilation for a TPU topology, and checkpoint
+restore. Parameters and optimizer moments are therefore born sharded: no host ever holds
+the full model.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from maelm_jax.configuration import ModelConfig
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 scalar: updates attempted so far
+    params: Any
+    opt_state: Any
+    skipped_updates: jax.Array  # int32 scalar: updates dropped for a non-finite loss/grad
+
+
+def make_init_fn(
+    model: nn.Module, tx: optax.GradientTransformation, model_cfg: ModelConfig, seq_len: int, k: int
+) -> Callable[[jax.Array], TrainState]:
+    """rng -> TrainState with logically-boxed leaves (see `nn.get_partition_spec`)."""
+
+    def init(rng):
+        ids = jnp.zeros((1, seq_len), jnp.int32)
+        masked_idx = jnp.arange(k, dtype=jnp.int32)[None]
+        visible_idx = jnp.arange(k, seq_len, dtype=jnp.int32)[None]
+        params = model.init(rng, ids, masked_idx, visible_idx)["params"]
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            skipped_updates=jnp.zeros((), jnp.int32),
+        )
+
+    return init
+
+
+def abstract_state(init_fn) -> TrainState:
+    """Shapes, dtypes and logical boxes of the state; allocates nothing."""
+    return jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+
+
+def logical_specs(boxed_state: TrainState) -> TrainState:
+    """Logical PartitionSpec per leaf; unboxed leaves (step, optimizer counts) get P()."""
+    return nn.get_partition_spec(boxed_state)
+
+
+def sharded_shapes(boxed_state: TrainState, shardings) -> TrainState:
+    """ShapeDtypeStructs that carry their NamedSharding: input to AOT lowering and restore."""
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed_state),
+        shardings,
+    )
+
+
+def initialize(init_fn, rng: jax.Array, shardings) -> TrainState:
+    """Runs `init_fn` as one jitted program whose outputs land directly in `shardings`."""
+    return jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)(rng)

@@ -1,0 +1,35 @@
+"""maelm_jax: MLM, MAE-LM and 3ML pretraining in JAX/Flax for TPU pods."""
+
+from setuptools import setup
+
+setup(
+    name="maelm_jax",
+    version="0.1.0",
+    description="Masked language model pretraining (RoBERTa MLM, MAE-LM, 3ML) in JAX/Flax",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=["maelm_jax", "configs"],
+    install_requires=[
+        "jax>=0.10.2,<0.11",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "tensorflow-cpu>=2.21,<2.22",
+        "tensorflow-datasets>=4.9.10,<5",
+        "tensorboard>=2.21,<2.22",
+        "sentencepiece>=0.2.1,<0.3",
+        "ml-collections>=1.1,<2",
+        "clu>=0.0.12",
+        "etils[epath]>=1.15",
+        "numpy>=2.0",
+    ],
+    extras_require={
+        # Cloud TPU VMs; also lets `python -m maelm_jax.compile` target TPUs from a CPU host.
+        "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+        # Checkpoint export to HuggingFace. On CPU-only machines run
+        # `pip install torch==2.13.0` first: a bare torch requirement pulls CUDA wheels.
+        "torch": ["torch>=2.4", "transformers>=4.46", "safetensors>=0.4"],
+        "test": ["pytest>=8", "ruff>=0.6", "jax[tpu]>=0.10.2,<0.11"],
+    },
+)

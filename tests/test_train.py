@@ -1,0 +1,121 @@
+"""End to end: a run on a small corpus learns, logs, is deterministic; the CLI; bad input."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+from text_corpora import sample_document, write_corpus
+from tiny_configs import REPO_ROOT, run_flags, tiny_run_config
+
+from maelm_jax import input_pipeline, metric_logging, train
+from maelm_jax.configuration import ConfigError
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    docs = [sample_document(i) for i in range(240)]
+    return write_corpus(tmp_path_factory.mktemp("corpus"), docs)
+
+
+@pytest.fixture(scope="module")
+def two_runs(corpus, tmp_path_factory):
+    """Two identical runs in separate workdirs: (workdir, metrics) each."""
+    runs = []
+    for name in ("first", "second"):
+        workdir = tmp_path_factory.mktemp(name)
+        train.train_and_evaluate(tiny_run_config(corpus), workdir)
+        runs.append((workdir, metric_logging.read_metrics(workdir)))
+    return runs
+
+
+def test_loss_falls_and_both_logs_are_written(two_runs):
+    workdir, metrics = two_runs[0]
+    losses = [metrics[s]["train/loss"] for s in sorted(metrics) if "train/loss" in metrics[s]]
+    assert len(losses) == 24
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert last < first - 1.0, losses
+    evals = [metrics[s]["eval/loss"] for s in (12, 24)]
+    assert evals[1] < evals[0], evals
+    for key in ("train/accuracy", "learning_rate", "tokens_per_sec"):
+        assert key in metrics[24]
+    events = glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
+    assert len(events) == 1
+    acc = event_accumulator.EventAccumulator(events[0], size_guidance={"tensors": 0})
+    acc.Reload()
+    assert "train/loss" in acc.Tags()["tensors"]
+    assert len(acc.Tensors("train/loss")) == 24
+
+
+def test_same_seed_same_losses(two_runs):
+    (_, a), (_, b) = two_runs
+    assert [a[s].get("train/loss") for s in sorted(a)] == [
+        b[s].get("train/loss") for s in sorted(b)
+    ]
+    assert a[24]["eval/loss"] == b[24]["eval/loss"]
+
+
+def test_cli_trains_the_default_config(tmp_path):
+    env = dict(os.environ, TFDS_DATA_DIR=str(tmp_path / "tfds"))
+    result = subprocess.run(
+        [sys.executable, "-m", "maelm_jax.main", "--config=configs/default.py",
+         "--config.num_train_steps=3", f"--workdir={tmp_path / 'run'}"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = metric_logging.read_metrics(tmp_path / "run")
+    assert "train/loss" in metrics[3] and "eval/loss" in metrics[3]
+    assert (tmp_path / "run" / "checkpoints" / "3" / "commit_success.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        ({"mask_rate": 0.0}, "mask_rate=0.0"),
+        ({"mask_rate": 1.0}, "mask_rate=1.0"),
+        ({"mask_rate": -0.2}, "mask_rate=-0.2"),
+        ({"seq_len": 64}, "seq_len=64 exceeds model.max_positions=32"),
+        ({"dataset": "no_such_dataset_xyz"}, "dataset='no_such_dataset_xyz'"),
+        ({"vocab_path": "/nonexistent/spm.model"}, "vocab_path='/nonexistent/spm.model'"),
+    ],
+)
+def test_bad_config_values_are_named(corpus, tmp_path, overrides, named):
+    config = tiny_run_config(corpus, **overrides)
+    with pytest.raises(ConfigError, match="^" + named.replace("(", r"\(").replace(".", r"\.")):
+        train.train_and_evaluate(config, tmp_path)
+
+
+def test_text_glob_matching_nothing(tmp_path):
+    with pytest.raises(ConfigError, match="matches no file"):
+        train.train_and_evaluate(tiny_run_config(f"text:{tmp_path}/none/*.txt"), tmp_path)
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n   \n\t\n")
+    dataset = f"text:{tmp_path}/*.txt"
+    with pytest.raises(ConfigError, match=re.escape(f"dataset={dataset!r} has no training")):
+        train.train_and_evaluate(tiny_run_config(dataset), tmp_path / "run")
+
+
+def test_batch_not_divisible_by_process_count(corpus):
+    config = tiny_run_config(corpus, batch_size=8)
+    with pytest.raises(ConfigError, match="batch_size=8 is not divisible by the process count 3"):
+        input_pipeline.local_batch_size(config, 3)
+
+
+def test_cli_reports_bad_input_in_one_line_and_fails(corpus, tmp_path):
+    config = tiny_run_config(corpus, mask_rate=1.5)
+    (tmp_path / "keep.txt").write_text("existing")
+    result = subprocess.run(
+        [sys.executable, "-m", "maelm_jax.main", "--config=configs/default.py",
+         f"--workdir={tmp_path}", *run_flags(config)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("maelm_jax: error: mask_rate=1.5"), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert (tmp_path / "keep.txt").read_text() == "existing"
