@@ -1,12 +1,14 @@
 """maelm_jax: MLM, MAE-LM and 3ML pretraining in JAX/Flax for TPU pods."""
 
+import pathlib
+
 from setuptools import setup
 
 setup(
     name="maelm_jax",
     version="0.1.0",
     description="Masked language model pretraining (RoBERTa MLM, MAE-LM, 3ML) in JAX/Flax",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(pathlib.Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=["maelm_jax", "configs"],

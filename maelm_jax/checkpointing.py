@@ -5,9 +5,10 @@ position, the config (JSON) and the tokenizer model, so a run can be resumed or 
 from the checkpoint alone. Saves are asynchronous and every process takes part.
 
 Trust comes from a manifest: when all of a step's files are written and before Orbax
-commits the step, process 0 adds `maelm_manifest.json` listing every file and its size. A step without it, with a file
-missing or resized, or whose arrays fail to read, is reported, renamed to
-`<step>.unusable-<reason>` (never deleted) and the previous good step is used instead.
+commits the step, process 0 adds `maelm_manifest.json` listing every file and its size. A
+step without it, with a file missing or resized, or whose arrays fail to read, is reported
+and the previous good step is used instead; once one is found, the bad ones are renamed to
+`<step>.unusable-<reason>` (never deleted) so the resumed run can write those steps again.
 A checkpoint that is readable but does not fit the model is a hard error, never skipped.
 """
 
