@@ -77,6 +77,23 @@ def _produce(fn: Callable[[int], Any], step: int, out: queue.Queue, stop: thread
         step += 1
 
 
+def stream_position(
+    step: int, batch_size: int, num_blocks: int, seed: int, process_index: int
+) -> dict[str, int]:
+    """Where step `step` starts in one process's block stream; a checkpoint stores it so a
+    resumed run can tell whether its input pipeline is the one that was interrupted."""
+    epoch, position = divmod(step * batch_size, num_blocks)
+    return {
+        "step": step,
+        "epoch": epoch,
+        "position_in_epoch": position,
+        "blocks": num_blocks,
+        "batch_size": batch_size,
+        "seed": seed,
+        "process_index": process_index,
+    }
+
+
 class TrainBatches:
     """The training batches of one process: `batch(step)` is a pure function of
     (seed, process_index, step), so any step is produced directly, with no replay.
@@ -124,17 +141,10 @@ class TrainBatches:
         return np.asarray(self.blocks[rows], np.int32)
 
     def state(self, step: int) -> dict[str, int]:
-        """Where step `step` starts in the block stream; a checkpoint stores it to be read."""
-        epoch, position = divmod(step * self.batch_size, self.num_blocks)
-        return {
-            "step": step,
-            "epoch": epoch,
-            "position_in_epoch": position,
-            "blocks": self.num_blocks,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "process_index": self.process_index,
-        }
+        """Where step `step` starts in this process's block stream."""
+        return stream_position(
+            step, self.batch_size, self.num_blocks, self.seed, self.process_index
+        )
 
     def iterate(self, start_step: int = 0, prefetch: int = 2) -> Prefetcher:
         """batch(start_step), batch(start_step + 1), ... prepared `prefetch` ahead."""

@@ -20,12 +20,12 @@ import time
 
 import jax
 import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from maelm_jax import multihost
 from maelm_jax.configuration import ConfigError
 from maelm_jax.tokenizer import Tokenizer
 from maelm_jax.train_state import TrainState
@@ -109,13 +109,6 @@ def problem_with(step_dir: epath.Path) -> str | None:
     return None
 
 
-def _agree(ok: bool) -> bool:
-    """True only if every process says True: restores must not diverge across hosts."""
-    if jax.process_count() == 1:
-        return ok
-    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
-
-
 class Checkpointer:
     """Saves and restores one run's checkpoints; all processes construct and call it."""
 
@@ -172,9 +165,16 @@ class Checkpointer:
         )
 
     def check_for_errors(self) -> None:
-        """Raises CheckpointSaveError if a background save failed."""
+        """Raises CheckpointSaveError as soon as a background save has failed.
+
+        Orbax's own finalize thread takes a background error and only re-raises it from
+        `wait_until_finished`, so once no save is in flight that call (which then does not
+        block) is what surfaces it, instead of the next save, many steps later.
+        """
         try:
             self.manager.check_for_errors()
+            if not self.manager.is_saving_in_progress():
+                self.manager.wait_until_finished()
         except Exception as e:
             raise CheckpointSaveError(f"saving a checkpoint in {self.directory} failed: {e}") from e
 
@@ -246,7 +246,7 @@ class Checkpointer:
                 except Exception as e:  # a truncated or corrupted array file
                     problem = f"unreadable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                     restored = None
-                if _agree(restored is not None):
+                if multihost.all_true(restored is not None):
                     for bad_step, reason in skipped:
                         self._quarantine(bad_step, reason)
                     if skipped:

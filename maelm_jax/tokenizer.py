@@ -29,8 +29,8 @@ import ml_collections
 import sentencepiece as spm
 from absl import logging
 from etils import epath
-from jax.experimental import multihost_utils
 
+from maelm_jax import multihost
 from maelm_jax.configuration import ConfigError
 
 BOS_ID = 0
@@ -180,8 +180,9 @@ def load_or_train(
     resumed run reuses it), else one trained now and saved there.
 
     Collective: every process calls it. Process 0 trains on the first
-    `config.tokenizer_train_documents` documents of `documents_fn()` while the others wait at
-    a barrier, then all load the same file, so the workdir must be storage every host sees.
+    `config.tokenizer_train_documents` documents of `documents_fn()` while the others wait,
+    then all load the same file, so the workdir must be storage every host sees. If process 0
+    fails, every process raises.
     """
     if config.vocab_path:
         path = epath.Path(config.vocab_path)
@@ -193,19 +194,23 @@ def load_or_train(
         return Tokenizer.from_path(path)
 
     path = epath.Path(workdir) / MODEL_FILENAME
+    error = None
     if jax.process_index() == 0 and not path.exists():
-        start = time.perf_counter()
-        documents = itertools.islice(documents_fn(), config.tokenizer_train_documents)
-        model = train(documents, config.vocab_size)
-        _write_atomically(path, model)
-        logging.info(
-            "Trained a %d-piece tokenizer in %.1fs; saved to %s",
-            Tokenizer(model).vocab_size,
-            time.perf_counter() - start,
-            path,
-        )
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("maelm_jax.tokenizer.load_or_train")
+        try:
+            start = time.perf_counter()
+            documents = itertools.islice(documents_fn(), config.tokenizer_train_documents)
+            model = train(documents, config.vocab_size)
+            _write_atomically(path, model)
+            logging.info(
+                "Trained a %d-piece tokenizer in %.1fs; saved to %s",
+                Tokenizer(model).vocab_size,
+                time.perf_counter() - start,
+                path,
+            )
+        except ConfigError as e:
+            error = e
+    # Also the barrier: nobody reads the file before process 0 has written it.
+    multihost.raise_together(error, "training the tokenizer")
     if not path.exists():
         raise ConfigError(
             f"process {jax.process_index()} cannot see {path}, written by process 0; "

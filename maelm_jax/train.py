@@ -1,5 +1,6 @@
 """The training loop: `train_and_evaluate(config, workdir)`, everything behind `main`."""
 
+import functools
 import os
 import time
 
@@ -11,15 +12,18 @@ from clu import periodic_actions
 from etils import epath
 
 from maelm_jax import (
+    batches,
     checkpointing,
     configuration,
     input_pipeline,
     metric_logging,
+    multihost,
     programs,
     sharding,
 )
 from maelm_jax import documents as documents_lib
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.configuration import ConfigError
 from maelm_jax.preemption import PreemptionWatcher
 
 
@@ -53,9 +57,17 @@ def global_batch(progs: programs.Programs, local_rows: np.ndarray) -> dict:
 
 
 class _TrainMetrics:
-    """Sums step metrics on the host, one step behind the device so dispatch never waits."""
+    """Step metrics summed on the host between log lines.
 
-    def __init__(self):
+    A step's metrics are read when the *next* step has been dispatched (`push`), so reading
+    them never leaves the device idle; `settle` reads the last one before anything that must
+    not run after an unchecked step (a log line, a checkpoint).
+    """
+
+    def __init__(self, nonfinite_policy: str, tokens_per_step: int):
+        self._policy = nonfinite_policy
+        self._tokens_per_step = tokens_per_step
+        self._pending = None
         self.reset()
 
     def reset(self):
@@ -65,11 +77,19 @@ class _TrainMetrics:
         self.start = time.perf_counter()
         self.last = {}
 
-    def add(self, step: int, metrics, nonfinite_policy: str):
-        """`step` is the step these metrics belong to (0-based)."""
+    def push(self, step: int, metrics) -> None:
+        """Records step `step` (0-based) and reads the one pushed before it."""
+        self.settle()
+        self._pending = (step, metrics)
+
+    def settle(self) -> None:
+        if self._pending is None:
+            return
+        step, metrics = self._pending
+        self._pending = None
         m = jax.device_get(metrics)
         if int(m["nonfinite"]):
-            if nonfinite_policy == "stop":
+            if self._policy == "stop":
                 raise NonFiniteLossError(
                     f"non-finite loss or gradient at step {step} (loss={float(m['loss'])}, "
                     f"grad_norm={float(m['grad_norm'])}); stopping without saving a checkpoint "
@@ -83,8 +103,33 @@ class _TrainMetrics:
         self.steps += 1
         self.last = {"grad_norm": float(m["grad_norm"]), "learning_rate": float(m["learning_rate"])}
 
+    def row(self) -> dict[str, float]:
+        """The log line since the last `reset`: per-target means, rates, skipped updates."""
+        self.settle()
+        elapsed = time.perf_counter() - self.start
+        # Only skipped steps since the last line: no loss to report, rather than a fake 0.
+        row = _host_metrics(self.sums, "train") if self.steps else {}
+        row |= self.last
+        row["tokens_per_sec"] = self.steps * self._tokens_per_step / elapsed
+        row["skipped_updates"] = float(self.skipped)
+        self.reset()
+        return row
 
-def _restore_or_initialize(config, progs, checkpointer, data):
+
+def _data_position(config, blocks_per_process: list[int], step: int) -> dict:
+    """The input position of every process at `step` (each process has its own blocks)."""
+    return {
+        "process_count": len(blocks_per_process),
+        "processes": [
+            batches.stream_position(
+                step, config.batch_size // len(blocks_per_process), n, config.seed, p
+            )
+            for p, n in enumerate(blocks_per_process)
+        ],
+    }
+
+
+def _restore_or_initialize(config, progs, checkpointer, data_position):
     """Resume from this workdir's newest good checkpoint; else start at step 0, optionally
     from another run's weights (`init_from`). The two never mix: a workdir that has a
     checkpoint resumes, whatever init_from says."""
@@ -92,17 +137,15 @@ def _restore_or_initialize(config, progs, checkpointer, data):
     with sharding.activate(progs.mesh, progs.rules):
         restored = checkpointer.restore_latest(abstract)
     if restored is not None:
-        state, data_state = restored
+        state, saved_position = restored
         step = int(jax.device_get(state.step))
-        expected = data.train.state(step)
-        changed = {k: (data_state.get(k), v) for k, v in expected.items() if data_state.get(k) != v}
-        changed.pop("process_index", None)
-        if changed:
+        if saved_position != data_position(step) and jax.process_index() == 0:
             logging.warning(
-                "Resuming at step %d with a different input pipeline %s (saved, now): the "
+                "Resuming at step %d with a different input pipeline (saved %s, now %s): the "
                 "batches will not match an uninterrupted run",
                 step,
-                changed,
+                saved_position,
+                data_position(step),
             )
         return state
     state = progs.initialize(jax.random.PRNGKey(config.seed))
@@ -131,12 +174,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     # --- Input: the tokenizer (trained once per workdir) and this process's share. ---
     documents = documents_lib.documents_fn(config, process_index)
     tokenizer = tokenizer_lib.load_or_train(config, workdir, documents)
-    data = input_pipeline.create_datasets(config, workdir, tokenizer, process_index, process_count)
+    data, error = None, None
+    try:
+        data = input_pipeline.create_datasets(
+            config, workdir, tokenizer, process_index, process_count
+        )
+    except ConfigError as e:  # maybe on this process only: its share may be empty
+        error = e
+    multihost.raise_together(error, "preparing their share of the data")
+    data_position = functools.partial(
+        _data_position, config, multihost.gather_ints(data.train.num_blocks)
+    )
 
     # --- Programs and state: born sharded, or restored into the same shardings. ---
     progs = programs.build(config, mesh, tokenizer.vocab_size)
     checkpointer = checkpointing.Checkpointer(config, workdir, tokenizer)
-    state = _restore_or_initialize(config, progs, checkpointer, data)
+    state = _restore_or_initialize(config, progs, checkpointer, data_position)
     start_step = int(jax.device_get(state.step))
 
     # --- Reporting: process 0 writes, everyone logs its own errors. ---
@@ -154,7 +207,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                 logdir=os.fspath(workdir), num_profile_steps=config.profile_num_steps
             )
         )
-    tokens_per_step = config.batch_size * config.seq_len
     logging.info(
         "Training %s%s for steps %d..%d: %d train blocks here, k=%d of %d tokens masked",
         config.objective,
@@ -166,42 +218,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         config.seq_len,
     )
 
-    # --- The loop. Metrics are read one step late so the host never stalls dispatch. ---
-    totals = _TrainMetrics()
-    pending = None  # (step, metrics) of the last dispatched step
+    # --- The loop. ---
+    totals = _TrainMetrics(config.nonfinite, config.batch_size * config.seq_len)
     preemption = PreemptionWatcher()
-    batches = data.train.iterate(start_step)
+    train_batches = data.train.iterate(start_step)
     try:
-        with sharding.activate(mesh, progs.rules), batches:
+        with sharding.activate(mesh, progs.rules), train_batches:
+            if start_step == 0 and config.eval_batches:  # the curve's origin
+                writer.write_scalars(0, evaluate(progs, state.params, data.eval))
             for step in range(start_step, config.num_train_steps):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = progs.train_step(state, global_batch(progs, next(batches)))
-                if pending is not None:
-                    totals.add(*pending, config.nonfinite)
-                pending = (step, metrics)
+                    state, metrics = progs.train_step(
+                        state, global_batch(progs, next(train_batches))
+                    )
+                totals.push(step, metrics)
                 done = step + 1
                 for hook in hooks:
                     hook(done)
                 last = done == config.num_train_steps
                 preempted = preemption.reached(done)
                 if done % config.log_every_steps == 0 or last:
-                    totals.add(*pending, config.nonfinite)
-                    pending = None
-                    elapsed = time.perf_counter() - totals.start
-                    row = _host_metrics(totals.sums, "train") | totals.last
-                    row["tokens_per_sec"] = totals.steps * tokens_per_step / elapsed
-                    row["skipped_updates"] = float(totals.skipped)
-                    writer.write_scalars(done, row)
-                    totals.reset()
+                    writer.write_scalars(done, totals.row())
                 if config.eval_batches and (done % config.eval_every_steps == 0 or last):
                     with report.timed("eval"):
                         writer.write_scalars(done, evaluate(progs, state.params, data.eval))
                 if last or preempted or done % config.checkpoint_every_steps == 0:
-                    if pending is not None:  # never checkpoint a step not yet checked
-                        totals.add(*pending, config.nonfinite)
-                        pending = None
+                    totals.settle()  # never checkpoint a step that has not been checked
                     with report.timed("checkpoint"):
-                        checkpointer.save(done, state, data.train.state(done), force=True)
+                        checkpointer.save(done, state, data_position(done), force=True)
                 checkpointer.check_for_errors()
                 if preempted:
                     checkpointer.wait_until_finished()
@@ -212,8 +256,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                         done,
                     )
                     break
-            if pending is not None:
-                totals.add(*pending, config.nonfinite)
+            totals.settle()
     finally:
         preemption.close()
         writer.close()

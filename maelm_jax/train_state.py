@@ -56,11 +56,21 @@ def logical_specs(boxed_state: TrainState) -> TrainState:
     return nn.get_partition_spec(boxed_state)
 
 
+def _strip_boxes(tree):
+    """The values inside logical boxes, without applying their sharding constraints (which
+    fail on ShapeDtypeStructs when a mesh is active)."""
+    return jax.tree_util.tree_map(
+        lambda x: x.unbox(apply_constraint=False) if isinstance(x, nn.LogicallyPartitioned) else x,
+        tree,
+        is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned),
+    )
+
+
 def sharded_shapes(boxed_state: TrainState, shardings) -> TrainState:
     """ShapeDtypeStructs that carry their NamedSharding: input to AOT lowering and restore."""
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        nn.meta.unbox(boxed_state),
+        _strip_boxes(boxed_state),
         shardings,
     )
 

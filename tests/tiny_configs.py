@@ -2,6 +2,8 @@
 
 import pathlib
 
+import ml_collections
+
 from configs import default
 from maelm_jax import configuration
 from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
@@ -65,13 +67,13 @@ def tiny_run_config(dataset: str, /, **overrides):
     return c
 
 
-def run_flags(c) -> list[str]:
-    """`--config.key=value` flags that turn configs/default.py into config `c`."""
-    base = default.get_config()
+def run_flags(c, base=None, prefix="--config.") -> list[str]:
+    """`--config.a.b=value` flags that turn configs/default.py into config `c`, at any depth."""
+    base = default.get_config() if base is None else base
     flags = []
     for key, value in c.items():
-        if isinstance(value, type(base.model)):
-            flags += [f"--config.{key}.{k}={v}" for k, v in value.items() if base[key][k] != v]
+        if isinstance(value, ml_collections.ConfigDict):
+            flags += run_flags(value, base[key], f"{prefix}{key}.")
         elif base[key] != value:
-            flags.append(f"--config.{key}={value}")
+            flags.append(f"{prefix}{key}={value}")
     return flags

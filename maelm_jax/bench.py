@@ -1,0 +1,138 @@
+"""Benchmarks that print numbers: compute per step and training speed on this machine.
+
+    python -m maelm_jax.bench flops --configs=mlm_base,three_ml_self_base --batch_size=8
+    python -m maelm_jax.bench speed --configs=default --steps=20
+
+`flops` compiles one forward+backward (no optimizer) per config with the layers unrolled:
+XLA's cost analysis counts a scanned loop body once, so scanned numbers would be far too low.
+`speed` times the real sharded train step on the local devices (random token ids: content
+does not change the work).
+"""
+
+import importlib
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from maelm_jax import configuration, loss, masking, programs, sharding, train
+from maelm_jax.model import MaskedLM, count_params
+from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+
+flags.DEFINE_list("configs", ["mlm_base", "three_ml_self_base"], "Config modules in configs/.")
+flags.DEFINE_integer("batch_size", None, "Global batch; default: each config's own.")
+flags.DEFINE_integer("seq_len", None, "Sequence length; default: each config's own.")
+flags.DEFINE_integer("steps", 20, "`speed`: timed steps after the compile step.")
+FLAGS = flags.FLAGS
+
+
+def _config(name: str):
+    config = importlib.import_module(f"configs.{name}").get_config()
+    if FLAGS.batch_size:
+        config.batch_size = FLAGS.batch_size
+    if FLAGS.seq_len:
+        config.seq_len = FLAGS.seq_len
+    return config
+
+
+def forward_backward_flops(config) -> tuple[float, int, int]:
+    """(XLA FLOPs of one forward+backward, total params, encoder params) for `config`."""
+    config.model.scan_layers = False
+    model_cfg = configuration.model_config(config, config.vocab_size)
+    mask_cfg = configuration.masking_config(
+        config,
+        vocab_size=config.vocab_size,
+        mask_id=MASK_ID,
+        pad_id=PAD_ID,
+        special_ids=(BOS_ID, PAD_ID, EOS_ID),
+        first_regular_id=FIRST_REGULAR_ID,
+    )
+    model = MaskedLM(model_cfg, pad_id=PAD_ID)
+    ids = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
+    k = mask_cfg.num_masked
+    params = jax.eval_shape(
+        model.init,
+        jax.random.PRNGKey(0),
+        ids,
+        jax.ShapeDtypeStruct((1, k), jnp.int32),
+        jax.ShapeDtypeStruct((1, config.seq_len - k), jnp.int32),
+    )["params"]
+    params = nn.meta.unbox(params)
+
+    def loss_fn(p, input_ids, rng):
+        batch = masking.mask_batch(rng, input_ids, mask_cfg)
+        logits = model.apply(
+            {"params": p},
+            batch.input_ids,
+            batch.masked_idx,
+            batch.visible_idx,
+            deterministic=False,
+            rngs={"dropout": rng},
+        )
+        return loss.mean_loss(loss.masked_lm_sums(logits, batch.labels, batch.mask_weights))
+
+    compiled = jax.jit(jax.grad(loss_fn)).lower(params, ids, jax.random.PRNGKey(0)).compile()
+    flops = float(compiled.cost_analysis()["flops"])
+    return flops, count_params(params), count_params(params["encoder"])
+
+
+def run_flops() -> None:
+    rows = []
+    for name in FLAGS.configs:
+        config = _config(name)
+        start = time.perf_counter()
+        flops, total, encoder = forward_backward_flops(config)
+        rows.append((name, config, flops, total, encoder, time.perf_counter() - start))
+    base = rows[0][2]
+    print(f"One forward+backward, XLA cost analysis on {jax.devices()[0].device_kind}:")
+    print(f"{'config':22} {'batch x seq':>12} {'k':>4} {'GFLOPs':>10} {'vs first':>9} "
+          f"{'params':>12} {'encoder':>12}")  # fmt: skip
+    for name, config, flops, total, encoder, _ in rows:
+        k = configuration.num_masked(config.mask_rate, config.seq_len)
+        print(
+            f"{name:22} {config.batch_size:>5} x {config.seq_len:<5} {k:>4} "
+            f"{flops / 1e9:>10.1f} {flops / base:>9.3f} {total:>12,} {encoder:>12,}"
+        )
+
+
+def run_speed() -> None:
+    for name in FLAGS.configs:
+        config = _config(name)
+        mesh = sharding.create_mesh(config)
+        progs = programs.build(config, mesh, config.vocab_size)
+        state = progs.initialize(jax.random.PRNGKey(0))
+        rng = np.random.default_rng(0)
+        local = config.batch_size // jax.process_count()
+        rows = rng.integers(FIRST_REGULAR_ID, config.vocab_size, (local, config.seq_len))
+        rows[:, 0] = BOS_ID
+        batch = train.global_batch(progs, rows.astype(np.int32))
+        with sharding.activate(mesh, progs.rules):
+            start = time.perf_counter()
+            state, metrics = progs.train_step(state, batch)
+            jax.block_until_ready(metrics)
+            compile_s = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(FLAGS.steps):
+                state, metrics = progs.train_step(state, batch)
+            jax.block_until_ready(metrics)
+            per_step = (time.perf_counter() - start) / FLAGS.steps
+        tokens = config.batch_size * config.seq_len
+        print(
+            f"{name}: batch {config.batch_size} x {config.seq_len} on {len(mesh.devices.flat)} "
+            f"{jax.devices()[0].device_kind} device(s): first step (compile) {compile_s:.1f}s, "
+            f"{1 / per_step:.2f} steps/s, {tokens / per_step:,.0f} tokens/s"
+        )
+
+
+def main(argv):
+    commands = {"flops": run_flops, "speed": run_speed}
+    if len(argv) != 2 or argv[1] not in commands:
+        raise app.UsageError(f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags]")
+    commands[argv[1]]()
+
+
+if __name__ == "__main__":
+    app.run(main)

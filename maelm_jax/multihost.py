@@ -1,0 +1,39 @@
+"""Agreement between processes, so one host's failure never leaves the others waiting.
+
+Every host of a pod runs the same program; if one raises while the others walk on into the
+next collective (a barrier, an all-gather, a checkpoint), they wait there until a timeout
+kills the job with no useful message. Where only some processes can fail, they instead all
+reach one of these calls, learn who failed, and fail together with a clear error.
+"""
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from maelm_jax.configuration import ConfigError
+
+
+def all_true(ok: bool) -> bool:
+    """True only if `ok` on every process; a barrier when there are several."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def raise_together(error: Exception | None, what: str) -> None:
+    """Collective. Re-raises `error` if this process has one; if only another process has
+    one, raises a ConfigError that names the failed processes and `what` they were doing."""
+    if jax.process_count() > 1:
+        failed = multihost_utils.process_allgather(np.asarray(error is not None))
+        failed = [int(i) for i in np.flatnonzero(failed)]
+        if failed and error is None:
+            raise ConfigError(f"process(es) {failed} failed while {what}; their own error says why")
+    if error is not None:
+        raise error
+
+
+def gather_ints(value: int) -> list[int]:
+    """Every process's `value`, in process order (collective)."""
+    if jax.process_count() == 1:
+        return [int(value)]
+    return [int(v) for v in multihost_utils.process_allgather(np.asarray(value, np.int64))]

@@ -1,0 +1,485 @@
+"""Checkpoints a preempted job can trust, tested with real subprocesses and real files.
+
+One uninterrupted in-process run (`baseline`) is the reference: its metrics.jsonl holds
+every step's loss and its workdir the checkpoints the restore and corruption tests read.
+Interrupted runs are real `python -m maelm_jax.main` processes (kill -9, SIGTERM, a NaN, a
+disk that refuses writes); their reruns happen in-process because only the restored state,
+not the process, is under test there. Every run uses the (data=2, fsdp=2, tensor=2) mesh,
+so each checkpoint is written from arrays sharded over all three axes.
+"""
+
+import ast
+import pathlib
+import re
+import shutil
+import signal
+
+import jax
+import numpy as np
+import pytest
+import run_helpers as rh
+from etils import epath
+from text_corpora import sample_document, write_corpus
+from tiny_configs import tiny_run_config
+
+from maelm_jax import checkpointing, metric_logging, programs, sharding, train
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.checkpointing import Checkpointer
+from maelm_jax.configuration import ConfigError
+from maelm_jax.tokenizer import BOS_ID, FIRST_REGULAR_ID
+
+STEPS = 32
+EVERY = 8
+MESH_222 = {"mesh.ici.data": 2, "mesh.ici.fsdp": 2, "mesh.ici.tensor": 2}
+
+
+def run_config(corpus, **overrides):
+    """The tiny run every test shares: long enough that a signal sent after the first
+    checkpoint lands well before the end; no eval, whose compile would only cost time."""
+    settings = dict(MESH_222, num_train_steps=STEPS, checkpoint_every_steps=EVERY, eval_batches=0)
+    return tiny_run_config(corpus, **(settings | overrides))
+
+
+def mesh_config(corpus, shape, **overrides):
+    """`run_config` on a (data, fsdp, tensor) = `shape` mesh."""
+    axes = {f"mesh.ici.{a}": n for a, n in zip(sharding.MESH_AXES, shape, strict=True)}
+    return run_config(corpus, **(axes | overrides))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    docs = [sample_document(i) for i in range(240)]
+    return write_corpus(tmp_path_factory.mktemp("corpus"), docs)
+
+
+@pytest.fixture(scope="module")
+def baseline(corpus, tmp_path_factory):
+    """(workdir, {step: loss}) of the uninterrupted reference run."""
+    workdir = tmp_path_factory.mktemp("baseline")
+    rh.train_in_process(run_config(corpus), workdir)
+    losses = rh.losses(workdir)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert rh.good_steps(workdir) == [STEPS - 2 * EVERY, STEPS - EVERY, STEPS]
+    return workdir, losses
+
+
+def copy_workdir(source, target, keep_steps=None):
+    """`source` without its metrics (so a rerun's lines stand alone) and, if given, only the
+    checkpoints of `keep_steps`: a workdir as a run that got that far would have left it."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("metrics.jsonl", "events.*"))
+    if keep_steps is not None:
+        for step, path in rh.step_dirs(target).items():
+            if step not in keep_steps:
+                path.rmtree()
+    return target
+
+
+def error_line(output):
+    """The one line `main` prints for an error it reports (Orbax's background threads may
+    still be printing around it)."""
+    lines = [line for line in output.splitlines() if line.startswith("maelm_jax: error: ")]
+    assert len(lines) == 1, output[-3000:]
+    return lines[0]
+
+
+def tokenizer_of(workdir):
+    return tokenizer_lib.Tokenizer.from_path(epath.Path(workdir) / tokenizer_lib.MODEL_FILENAME)
+
+
+def leaves(tree):
+    return jax.tree_util.tree_leaves_with_path(jax.device_get(tree))
+
+
+def assert_trees_equal(actual, expected, what):
+    for (path, a), (_, b) in zip(leaves(actual), leaves(expected), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=f"{what} {jax.tree_util.keystr(path)}")
+
+
+# --- 1, 2: kill -9 and SIGTERM mid-run ------------------------------------------------------
+
+
+def interrupted_run(config, workdir, sig):
+    """Starts the CLI, sends `sig` as soon as its first checkpoint is committed, and returns
+    (exit status, output, committed step it was signalled after)."""
+    log = epath.Path(workdir).parent / f"{epath.Path(workdir).name}.log"
+    proc = rh.start(config, workdir, log)
+    try:
+        first = rh.wait_for_checkpoint(proc, workdir)
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before it could be signalled; raise STEPS ({STEPS})")
+        proc.send_signal(sig)
+    finally:
+        status, output = rh.finish(proc, log)
+    return status, output, first
+
+
+def test_kill_9_then_rerun_matches_an_uninterrupted_run_bit_for_bit(corpus, baseline, tmp_path):
+    """Every step after the resume, and every step the killed run logged before, has exactly
+    the baseline's loss: the restored params, optimizer state, step and data position are
+    the ones the uninterrupted run had, and nothing depends on the process that ran it."""
+    _, expected = baseline
+    config, workdir = run_config(corpus), tmp_path / "run"
+    status, output, _ = interrupted_run(config, workdir, signal.SIGKILL)
+    assert status == -signal.SIGKILL, output[-3000:]
+    resume = rh.good_steps(workdir)[-1]
+    assert resume < STEPS
+    before = rh.losses(workdir)
+    assert {s: expected[s] for s in before} == before  # the killed run itself
+
+    rerun = rh.train_in_process(config, workdir)
+    assert sorted(rerun) == list(range(resume + 1, STEPS + 1))
+    assert rerun == {s: expected[s] for s in rerun}
+    assert rh.losses(workdir) == expected
+    assert rh.good_steps(workdir)[-1] == STEPS
+
+
+def test_sigterm_saves_where_it_stopped_and_the_rerun_goes_on_from_there(
+    corpus, baseline, tmp_path
+):
+    """A preempted job gets SIGTERM and a grace period: it must checkpoint the step it is
+    at and exit 0, and its rerun must pick up exactly there."""
+    _, expected = baseline
+    config, workdir = run_config(corpus), tmp_path / "run"
+    status, output, first = interrupted_run(config, workdir, signal.SIGTERM)
+    assert status == 0, output[-3000:]
+    found = re.search(r"Preempted \(SIGTERM\): saved a checkpoint at step (\d+)", output)
+    assert found, output[-3000:]
+    stopped = int(found.group(1))
+    assert first < stopped < STEPS
+    # The step it stopped at is checkpointed, complete, and the newest.
+    assert rh.good_steps(workdir)[-1] == stopped
+    assert max(rh.step_dirs(workdir)) == stopped
+    assert max(rh.losses(workdir)) == stopped
+
+    rerun = rh.train_in_process(config, workdir)
+    assert min(rerun) == stopped + 1
+    assert rerun == {s: expected[s] for s in range(stopped + 1, STEPS + 1)}
+    assert rh.good_steps(workdir)[-1] == STEPS
+
+
+# --- 3: a corrupt latest checkpoint -------------------------------------------------------
+
+
+def _largest_file(directory):
+    files = [p for p in pathlib.Path(directory).rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def relative_paths(directory):
+    root = pathlib.Path(directory)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def drop_commit_marker(step_dir):
+    (step_dir / checkpointing.ORBAX_COMMIT).unlink()
+    return "no commit_success.txt: the save never finished"
+
+
+def truncate_array_file(step_dir):
+    path = _largest_file(step_dir / "state" / "ocdbt.process_0")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    name = path.relative_to(step_dir)
+    return f"file {name} has {len(data) // 2} bytes, {len(data)} were written"
+
+
+def delete_array_file(step_dir):
+    path = _largest_file(step_dir / "state" / "d")
+    path.unlink()
+    return f"file {path.relative_to(step_dir)} is missing"
+
+
+def corrupt_latest(source, target, corrupt):
+    """A copy of workdir `source` whose newest checkpoint `corrupt` damaged: (workdir, the
+    damaged directory, the warning a resuming run must give, the damaged file list)."""
+    workdir = copy_workdir(source, target)
+    bad = pathlib.Path(rh.step_dirs(workdir)[STEPS])
+    reason = corrupt(bad)
+    warning = f"Checkpoint {bad} is incomplete or corrupt ({reason}); trying the previous one"
+    return workdir, bad, warning, relative_paths(bad)
+
+
+def set_aside(workdir, step):
+    """The directories checkpoint `step` was renamed to."""
+    return [p for p in (workdir / "checkpoints").iterdir() if p.name.startswith(f"{step}.")]
+
+
+@pytest.mark.parametrize("corrupt", [drop_commit_marker, truncate_array_file, delete_array_file])
+def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_and_kept_aside(
+    corpus, baseline, restored, tmp_path, caplog, corrupt
+):
+    """Restoring names the problem, returns the step before, and renames (never deletes)
+    the bad directory so a post-mortem can still read it and the step can be written anew."""
+    workdir, bad, warning, bad_files = corrupt_latest(baseline[0], tmp_path / "run", corrupt)
+    _, progs = restored[8]
+    with caplog.at_level("WARNING"):
+        state, _ = restore(run_config(corpus), workdir, progs)
+    assert warning in caplog.text
+    assert int(state.step) == STEPS - EVERY
+    moved = set_aside(workdir, STEPS)
+    assert [p.name.split("-")[0] for p in moved] == [f"{STEPS}.unusable"]
+    assert relative_paths(moved[0]) == bad_files
+    assert not bad.exists()
+
+
+def test_after_a_corrupt_checkpoint_the_rerun_trains_on_from_the_previous_one(
+    corpus, baseline, tmp_path, caplog
+):
+    """End to end: the rerun's losses are the baseline's from the previous step on, and it
+    writes the set-aside step again, complete."""
+    source, expected = baseline
+    workdir, _, warning, _ = corrupt_latest(source, tmp_path / "run", truncate_array_file)
+    with caplog.at_level("WARNING"):
+        rerun = rh.train_in_process(run_config(corpus), workdir)
+    assert warning in caplog.text
+    assert sorted(rerun) == list(range(STEPS - EVERY + 1, STEPS + 1))
+    assert rerun == {s: expected[s] for s in rerun}
+    assert len(set_aside(workdir, STEPS)) == 1
+    assert rh.good_steps(workdir)[-1] == STEPS
+
+
+# --- 4: restore on another mesh --------------------------------------------------------------
+
+
+def build(config, devices, vocab_size):
+    return programs.build(config, sharding.create_mesh(config, devices=devices), vocab_size)
+
+
+def restore(config, workdir, progs):
+    """(state, data position) from the newest good checkpoint of `workdir`, onto `progs`'
+    mesh, the way a resuming run calls it."""
+    abstract = progs.abstract_state()
+    checkpointer = Checkpointer(config, workdir, tokenizer_of(workdir))
+    try:
+        with sharding.activate(progs.mesh, progs.rules):
+            return checkpointer.restore_latest(abstract)
+    finally:
+        checkpointer.close()
+
+
+@pytest.fixture(scope="module")
+def restored(corpus, baseline):
+    """{device count: (state, programs)}: the baseline's last checkpoint restored on 8
+    devices as (2, 2, 2), on 2 as (1, 2, 1) and on 1."""
+    workdir, _ = baseline
+    out = {}
+    for shape in [(2, 2, 2), (1, 2, 1), (1, 1, 1)]:
+        count = int(np.prod(shape))
+        config = mesh_config(corpus, shape)
+        progs = build(config, jax.devices()[:count], tokenizer_of(workdir).vocab_size)
+        state, _ = restore(config, workdir, progs)
+        assert int(state.step) == STEPS
+        out[count] = (state, progs)
+    return out
+
+
+@pytest.mark.parametrize("count", [2, 1])
+def test_a_checkpoint_saved_on_8_devices_restores_identically_on_fewer(restored, count):
+    """Values equal to the (2, 2, 2) restore, and every array really laid out as the target
+    mesh says: on those devices only, each holding the shard its sharding names."""
+    state, progs = restored[count]
+    reference, _ = restored[8]
+    assert_trees_equal(state, reference, f"{count} devices")
+    devices = set(jax.devices()[:count])
+    for (path, leaf), target in zip(
+        jax.tree_util.tree_leaves_with_path(state),
+        jax.tree_util.tree_leaves(progs.state_shardings),
+        strict=True,
+    ):
+        where = jax.tree_util.keystr(path)
+        assert leaf.sharding == target, where
+        assert {shard.device for shard in leaf.addressable_shards} == devices, where
+        for shard in leaf.addressable_shards:
+            assert shard.data.shape == target.shard_shape(leaf.shape), where
+    if count == 2:  # fsdp=2 really splits the embedding between the two devices
+        embedding = state.params["token_embed"]["embedding"]
+        assert embedding.addressable_shards[0].data.shape[1] == embedding.shape[1] // 2
+
+
+# --- 5: a checkpoint that does not fit the model --------------------------------------------
+
+_SHAPES = re.compile(
+    r"parameter '(?P<name>[^']+)' has shape (?P<saved>\([\d, ]*\)) in the checkpoint but "
+    r"(?P<model>\([\d, ]*\)) in the model"
+)
+
+
+def _shape_at(params, name):
+    for key in name.split("/"):
+        params = params[key]
+    return tuple(params.shape)
+
+
+@pytest.mark.parametrize(
+    "change,saved_dim,model_dim",
+    [({"model.num_layers": 3}, 2, 3), ({"model.hidden_size": 64, "model.mlp_dim": 128}, 32, 64)],
+    ids=["layers", "width"],
+)
+@pytest.mark.parametrize("way_in", ["resume", "init_from"])
+def test_a_different_architecture_is_an_error_naming_the_parameter(
+    corpus, baseline, restored, change, saved_dim, model_dim, way_in
+):
+    """Both ways into a checkpoint refuse it, naming a parameter with its two real shapes;
+    a misfit is a hard error, never mistaken for corruption and renamed."""
+    workdir, _ = baseline
+    saved_params = restored[8][0].params
+    config = run_config(corpus, **change)
+    progs = build(config, jax.devices(), tokenizer_of(workdir).vocab_size)
+    before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    with pytest.raises(ConfigError) as error:
+        if way_in == "resume":
+            restore(config, workdir, progs)
+        else:
+            checkpointing.load_params(str(workdir), progs.abstract_state().params)
+    found = _SHAPES.search(str(error.value))
+    assert found, str(error.value)
+    name = found.group("name")
+    assert found.group("saved") == str(_shape_at(saved_params, name))
+    assert found.group("model") == str(_shape_at(progs.abstract_state().params, name))
+    saved, wanted = (ast.literal_eval(found.group(k)) for k in ("saved", "model"))
+    assert saved_dim in saved and model_dim in wanted
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+
+
+# --- 6: a NaN at a chosen step -----------------------------------------------------------------
+
+
+def test_nan_with_stop_exits_non_zero_naming_the_step_and_keeps_the_last_good_checkpoint(
+    corpus, tmp_path
+):
+    """log_every_steps=5 leaves the bad step's metrics unread when its checkpoint (8, the
+    state after step 7) falls due: the run must check them first and never save it."""
+    bad = 7
+    config = run_config(corpus, inject_nan_at_step=bad, checkpoint_every_steps=4, log_every_steps=5)
+    workdir = tmp_path / "run"
+    status, output = rh.run(config, workdir)
+    assert status == 1, output[-3000:]
+    message = f"maelm_jax: error: non-finite loss or gradient at step {bad} "
+    assert error_line(output).startswith(message), output[-3000:]
+    assert [p.name for p in (workdir / "checkpoints").iterdir()] == ["4"]
+    assert rh.good_steps(workdir) == [4]
+
+
+def _batch(seed, vocab_size):
+    rows = np.random.default_rng(seed).integers(FIRST_REGULAR_ID, vocab_size, (8, 32))
+    rows[:, 0] = BOS_ID
+    return rows.astype(np.int32)
+
+
+def test_nan_with_skip_keeps_params_and_optimizer_state_for_that_step(corpus):
+    config = mesh_config(corpus, (1, 1, 1), nonfinite="skip", inject_nan_at_step=1)
+    progs = build(config, jax.devices()[:1], config.vocab_size)
+    state = progs.initialize(jax.random.PRNGKey(0))
+    history, nonfinite = [jax.device_get(state)], []
+    with sharding.activate(progs.mesh, progs.rules):
+        for step in range(3):  # step 0 has learning rate 0 (warmup): watch steps 1 and 2
+            batch = train.global_batch(progs, _batch(step, config.vocab_size))
+            state, metrics = progs.train_step(state, batch)
+            history.append(jax.device_get(state))
+            nonfinite.append(int(metrics["nonfinite"]))
+    assert nonfinite == [0, 1, 0]
+    assert [int(s.step) for s in history] == [0, 1, 2, 3]
+    assert [int(s.skipped_updates) for s in history] == [0, 0, 1, 1]
+    before, after, later = history[1:]
+    assert_trees_equal(after.params, before.params, "params")
+    assert_trees_equal(after.opt_state, before.opt_state, "opt_state")
+    for (path, a), (_, b) in zip(leaves(later.params), leaves(after.params), strict=True):
+        assert not np.array_equal(a, b), f"the step after the skip left {path} unchanged"
+
+
+def test_nan_with_skip_trains_to_the_end(corpus, baseline, tmp_path):
+    """The skipped step is counted in the metrics and the state; the steps before it are
+    exactly the baseline's and training reaches num_train_steps with finite losses."""
+    _, expected = baseline
+    bad = 10
+    config = run_config(corpus, nonfinite="skip", inject_nan_at_step=bad)
+    workdir = tmp_path / "run"
+    losses = rh.train_in_process(config, workdir)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert all(losses[s] == expected[s] for s in range(1, bad + 1))
+    assert all(np.isfinite(list(losses.values())))
+    rows = metric_logging.read_metrics(workdir)
+    assert [s for s in rows if rows[s].get("skipped_updates")] == [bad + 1]
+    progs = build(config, jax.devices(), tokenizer_of(workdir).vocab_size)
+    state, _ = restore(config, workdir, progs)
+    assert int(state.step) == STEPS and int(state.skipped_updates) == 1
+
+
+# --- 7: init_from ------------------------------------------------------------------------------
+
+
+def test_init_from_starts_at_step_0_with_the_weights_and_a_fresh_optimizer(
+    corpus, baseline, restored, tmp_path
+):
+    """A one-step run whose only update is skipped (an injected NaN under nonfinite="skip"
+    keeps params and optimizer state) checkpoints exactly the state init_from produced."""
+    source, _ = baseline
+    other, progs = restored[8]
+    config = run_config(
+        corpus,
+        init_from=str(source),
+        num_train_steps=1,
+        checkpoint_every_steps=1,
+        nonfinite="skip",
+        inject_nan_at_step=0,
+    )
+    workdir = tmp_path / "run"
+    assert sorted(rh.train_in_process(config, workdir)) == [1]  # from step 0, not 32
+    state, _ = restore(config, workdir, progs)
+    assert int(state.step) == 1 and int(state.skipped_updates) == 1
+    assert_trees_equal(state.params, other.params, "params")
+    for path, leaf in leaves(state.opt_state):  # Adam's count and both moments
+        assert not np.any(leaf), jax.tree_util.keystr(path)
+    assert any(np.any(leaf) for _, leaf in leaves(other.opt_state))
+
+
+def test_init_from_places_the_weights_in_this_runs_shardings(baseline, restored):
+    """Fine-tuning on another mesh than pretraining: load_params reshards as it reads."""
+    source, _ = baseline
+    other, _ = restored[8]
+    _, progs = restored[2]
+    params = checkpointing.load_params(str(source), progs.abstract_state().params)
+    assert_trees_equal(params, other.params, "params")
+    for leaf, target in zip(
+        jax.tree_util.tree_leaves(params),
+        jax.tree_util.tree_leaves(progs.state_shardings.params),
+        strict=True,
+    ):
+        assert leaf.sharding == target
+
+
+def test_a_workdir_with_its_own_checkpoint_resumes_and_ignores_init_from(
+    corpus, baseline, tmp_path
+):
+    """A preempted fine-tuning job must go on from its own step, not start over from the
+    weights it was initialised with: its losses continue the run that wrote the step."""
+    source, expected = baseline
+    first = STEPS - 2 * EVERY
+    workdir = copy_workdir(source, tmp_path / "run", keep_steps=[first])
+    config = run_config(corpus, init_from=str(source / "checkpoints" / str(STEPS)))
+    rerun = rh.train_in_process(config, workdir)
+    assert sorted(rerun) == list(range(first + 1, STEPS + 1))
+    assert rerun == {s: expected[s] for s in rerun}
+
+
+# --- Asynchronous save errors --------------------------------------------------------------
+
+# Below every checkpoint's largest files (the tokenizer as JSON, ~330 KB; the arrays, ~400
+# KB), above every file the run writes before (its data cache, ~110 KB; the tokenizer model,
+# ~250 KB, is put in place beforehand).
+_FILE_SIZE_LIMIT = 200_000
+
+
+def test_a_failed_background_save_stops_the_run_with_an_error(corpus, baseline, tmp_path):
+    """A file-size limit (`ulimit -f`) makes Orbax's background writes fail with EFBIG, as
+    a full disk would (chmod cannot: the tests run as root). The run must stop with an
+    error, not train on with no checkpoint to fall back to."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    shutil.copy(baseline[0] / tokenizer_lib.MODEL_FILENAME, workdir)
+    limit = ["bash", "-c", f'ulimit -f {_FILE_SIZE_LIMIT // 1024} && exec "$0" "$@"']
+    status, output = rh.run(run_config(corpus), workdir, prefix=limit)
+    assert status == 1, output[-3000:]
+    assert error_line(output).startswith("maelm_jax: error: saving "), output[-3000:]
+    assert rh.good_steps(workdir) == []
+    assert max(rh.losses(workdir)) < STEPS
