@@ -2,6 +2,7 @@
 
     python -m maelm_jax.bench flops --configs=mlm_base,three_ml_self_base --batch_size=8
     python -m maelm_jax.bench speed --configs=default --steps=20
+    python -m maelm_jax.bench checkpoint --configs=mae_lm_base
 
 `flops` compiles one forward+backward (no optimizer) per config with the layers unrolled:
 XLA's cost analysis counts a scanned loop body once, so scanned numbers would be far too low.
@@ -10,6 +11,8 @@ does not change the work).
 """
 
 import importlib
+import pathlib
+import tempfile
 import time
 
 import flax.linen as nn
@@ -18,9 +21,19 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import configuration, loss, masking, programs, sharding, train
+from maelm_jax import (
+    checkpointing,
+    configuration,
+    loss,
+    masking,
+    metric_logging,
+    programs,
+    sharding,
+    train,
+)
+from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.model import MaskedLM, count_params
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID, Tokenizer
 
 flags.DEFINE_list("configs", ["mlm_base", "three_ml_self_base"], "Config modules in configs/.")
 flags.DEFINE_integer("batch_size", None, "Global batch; default: each config's own.")
@@ -127,8 +140,42 @@ def run_speed() -> None:
         )
 
 
+def run_checkpoint() -> None:
+    """Save time of a freshly initialised state: the blocking part (until training could go
+    on) and the total (until the step is committed), and its size on disk."""
+    for name in FLAGS.configs:
+        config = _config(name)
+        mesh = sharding.create_mesh(config)
+        progs = programs.build(config, mesh, config.vocab_size)
+        state = progs.initialize(jax.random.PRNGKey(0))
+        jax.block_until_ready(state)
+        params = count_params(state.params)
+        with tempfile.TemporaryDirectory() as workdir:
+            tokenizer = _bench_tokenizer()
+            checkpointer = checkpointing.Checkpointer(config, workdir, tokenizer)
+            start = time.perf_counter()
+            checkpointer.save(1, state, {"step": 1}, force=True)
+            blocking = time.perf_counter() - start
+            checkpointer.wait_until_finished()
+            total = time.perf_counter() - start
+            step_dir = pathlib.Path(workdir) / checkpointing.CHECKPOINT_DIRNAME / "1"
+            size = sum(f.stat().st_size for f in step_dir.rglob("*") if f.is_file())
+            checkpointer.close()
+        print(
+            f"{name}: {params:,} params + Adam state, {size / 1e9:.2f} GB on disk: save blocks "
+            f"{blocking:.2f}s, committed after {total:.2f}s ({size / 1e6 / total:.0f} MB/s)"
+        )
+
+
+def _bench_tokenizer() -> Tokenizer:
+    """Any valid tokenizer: a checkpoint carries one, its content does not matter here."""
+    text = [f"The quick brown fox jumps over the lazy dog number {i}." for i in range(200)]
+    return Tokenizer(tokenizer_lib.train(text, 300))
+
+
 def main(argv):
-    commands = {"flops": run_flops, "speed": run_speed}
+    metric_logging.quiet_library_logs()
+    commands = {"flops": run_flops, "speed": run_speed, "checkpoint": run_checkpoint}
     if len(argv) != 2 or argv[1] not in commands:
         raise app.UsageError(f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags]")
     commands[argv[1]]()

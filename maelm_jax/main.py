@@ -5,7 +5,6 @@ Every host of a pod runs the same command. On a multi-host TPU/GPU system
 machine, as the tests do) give --coordinator_address, --num_processes and --process_id.
 """
 
-import logging as logging_lib
 import sys
 
 import jax
@@ -13,7 +12,7 @@ from absl import app, flags, logging
 from clu import platform
 from ml_collections import config_flags
 
-from maelm_jax import train
+from maelm_jax import metric_logging, train
 from maelm_jax.checkpointing import CheckpointSaveError
 from maelm_jax.configuration import ConfigError
 
@@ -49,17 +48,10 @@ def initialize_distributed() -> None:
         jax.distributed.initialize()
 
 
-class _QuietLibraries(logging_lib.Filter):
-    """Orbax narrates every save at INFO; keep its warnings and errors, drop the rest."""
-
-    def filter(self, record: logging_lib.LogRecord) -> bool:
-        return record.levelno >= logging_lib.WARNING or "/orbax/" not in record.pathname
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    logging.get_absl_handler().addFilter(_QuietLibraries())
+    metric_logging.quiet_library_logs()
     initialize_distributed()
     logging.info(
         "Process %d of %d; local devices: %s",

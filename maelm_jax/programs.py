@@ -36,7 +36,8 @@ class Programs:
     eval_step: Any  # jitted (params, batch, index) -> sums
 
     def abstract_state(self) -> train_state.TrainState:
-        """ShapeDtypeStructs with shardings, for AOT lowering and checkpoint restore."""
+        """ShapeDtypeStructs with shardings, for AOT lowering and checkpoint restore; call it
+        outside `sharding.activate` (works inside too, but needs no mesh)."""
         return train_state.sharded_shapes(self.boxed_state, self.state_shardings)
 
     def abstract_batch(self, global_batch: int, seq_len: int) -> dict:

@@ -47,8 +47,9 @@ def make_init_fn(
 
 
 def abstract_state(init_fn) -> TrainState:
-    """Shapes, dtypes and logical boxes of the state; allocates nothing."""
-    return jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+    """Shapes, dtypes and logical boxes of the state; allocates and runs nothing (the key is
+    traced too, so this works on compile-only TPU devices)."""
+    return jax.eval_shape(lambda: init_fn(jax.random.PRNGKey(0)))
 
 
 def logical_specs(boxed_state: TrainState) -> TrainState:

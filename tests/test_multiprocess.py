@@ -206,7 +206,7 @@ def test_one_process_restores_the_two_process_checkpoint(run, tokenizer, progs):
     finally:
         checkpointer.close()
     assert int(jax.device_get(state.step)) == STEPS
-    assert data["step"] == STEPS
+    assert [p["step"] for p in data["processes"]] == [STEPS] * PROCESSES
     on_disk = _saved_state(run.workdir, STEPS)
     restored = jax.tree_util.tree_leaves_with_path(state.params)
     expected = jax.tree_util.tree_leaves(on_disk["params"])

@@ -1,0 +1,391 @@
+"""`python -m maelm_jax.compile --config=configs/<name>.py --topology=v5p-64 [--num_slices=N]
+[--json] [--flops=unrolled|skip] [--hbm_bytes=B] [--config.key=value]`.
+
+Compiles the real train step for a TPU slice on a CPU-only machine (libtpu's compile-only
+devices), through the same `sharding.create_mesh` and `programs.build` that training uses,
+so a layout or memory problem shows up before a pod is reserved. Exit status: 0 the step
+fits in HBM, 1 it does not, 2 it could not be judged (bad config or topology, no libtpu).
+
+Memory is per chip, as XLA assigned it: arguments + outputs - aliased (the donated state is
+written in place) + temporaries + the program itself; the compiler's own verdict decides
+`fits` (it refuses to compile a step that does not fit), and the total is also compared
+with the chip's usable HBM (the compiler's number, a little under the published one).
+
+FLOPs: XLA counts a while loop's body once, so a program with scanned layers, gradient
+accumulation or windowed einsums (on a large mesh XLA:TPU turns an FSDP all-gather + matmul
+into a loop over weight shards: v5p-64 undercounts by ~25%) reports too few. Unless the
+configured program has no loops, `--flops=unrolled` compiles a second program for counting:
+the same step with `model.scan_layers=False`, windowed einsums off, on one micro-batch,
+scaled by `grad_accum_steps` (overcounting the optimizer update, negligibly). FLOPs are
+XLA's per-device count times the devices: what the chips execute, recomputation included.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+
+import jax
+import ml_collections
+from absl import app, flags
+from jax.experimental import topologies
+from ml_collections import config_flags
+
+from maelm_jax import programs, sharding, tpu_chips
+from maelm_jax.configuration import ConfigError
+
+EXIT_DOES_NOT_FIT = 1
+EXIT_ERROR = 2
+FLOPS_MODES = ("unrolled", "skip")
+# The counting program's matmuls stay whole; the arithmetic is the same either way.
+_NO_WINDOWED_EINSUM = {
+    "xla_tpu_enable_windowed_einsum_for_all_gather": False,
+    "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
+}
+
+# libtpu without a TPU: no metadata server to ask, no peers, and no lock on the library
+# (another process, e.g. a test run, may hold it).
+_LIBTPU_ENV = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+}
+
+
+class LibtpuMissingError(RuntimeError):
+    """Compiling for TPU needs libtpu even without a TPU."""
+
+
+def topology_devices(slice_: tpu_chips.Slice, num_slices: int = 1) -> list:
+    """Compile-only devices for `num_slices` copies of the slice (one per chip)."""
+    if num_slices < 1:
+        raise ConfigError(f"num_slices={num_slices} is not allowed; it must be >= 1")
+    if not (importlib.util.find_spec("libtpu") or os.environ.get("TPU_LIBRARY_PATH")):
+        raise LibtpuMissingError(
+            "libtpu is not installed, and compiling for TPU needs it (no TPU needed): "
+            'pip install -e ".[tpu]"  or  pip install "jax[tpu]==0.10.2"'
+        )
+    for key, value in {**_LIBTPU_ENV, "TPU_ACCELERATOR_TYPE": slice_.accelerator_type}.items():
+        os.environ.setdefault(key, value)
+    shape3 = slice_.shape + (1,) * (3 - len(slice_.shape))
+    # Hosts hold up to 2x2x1 chips; a whole number of 4x4x4 cubes is a torus on v4/v5p.
+    # Both only steer the compiler's choice of collectives, not memory or FLOPs.
+    torus = len(slice_.shape) == 3 and all(s % 4 == 0 for s in slice_.shape)
+    try:
+        topology = topologies.get_topology_desc(
+            topology_name=slice_.libtpu_name,
+            platform="tpu",
+            chip_config_name=slice_.chip.chip_config_name,
+            chips_per_host_bounds=tuple(min(s, h) for s, h in zip(shape3, (2, 2, 1), strict=True)),
+            num_slices=num_slices,
+            wrap=(torus,) * 3,
+        )
+    except jax.errors.JaxRuntimeError as e:
+        raise ConfigError(f"libtpu rejects topology {slice_.libtpu_name!r}: {e}") from e
+    return list(topology.devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Per-chip bytes from `Compiled.memory_analysis()`."""
+
+    arguments: int
+    outputs: int
+    aliased: int  # outputs that reuse a donated argument's buffer
+    temporaries: int
+    generated_code: int
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.outputs - self.aliased + self.temporaries + self.generated_code
+
+    @classmethod
+    def of(cls, compiled) -> "Memory":
+        m = compiled.memory_analysis()
+        return cls(
+            arguments=m.argument_size_in_bytes,
+            outputs=m.output_size_in_bytes,
+            aliased=m.alias_size_in_bytes,
+            temporaries=m.temp_size_in_bytes,
+            generated_code=m.generated_code_size_in_bytes,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    topology: str
+    libtpu_topology: str
+    chip: str
+    num_slices: int
+    num_devices: int
+    mesh_shape: dict
+    batch_size: int
+    seq_len: int
+    fits: bool
+    memory: Memory | None  # None when the compiler ran out of memory
+    memory_per_chip_bytes: int | None  # memory.total, or what the compiler said it needed
+    hbm_per_chip_bytes: int  # usable HBM the total is judged against
+    compile_seconds: float
+    oom_message: str | None
+    flops_per_device: float | None
+    flops_per_step: float | None  # all devices together
+    flops_source: str
+    flops_compile_seconds: float | None
+    peak_flops_per_chip: float
+
+    @property
+    def step_seconds_lower_bound(self) -> float | None:
+        """No step runs faster than its FLOPs at the chip's bf16 peak."""
+        if self.flops_per_device is None:
+            return None
+        return self.flops_per_device / self.peak_flops_per_chip
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        if self.memory is not None:
+            out["memory"]["total"] = self.memory.total
+        out["step_seconds_lower_bound"] = self.step_seconds_lower_bound
+        return out
+
+
+_SIZE = r"([\d.]+)([KMGT]?)i?B?"
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * 1024 ** "BKMGT".index(unit or "B"))
+
+
+def required_bytes(oom_message: str) -> int | None:
+    """A lower bound on the step's per-chip need, from libtpu's out-of-memory message (the
+    compiler stops at the first allocation that does not fit)."""
+    match = re.search(rf"Total hbm usage >= {_SIZE}", oom_message) or re.search(
+        rf"required for HLO temporaries \({_SIZE}\) exceeds", oom_message
+    )
+    if match:
+        return _bytes(*match.groups())
+    match = re.search(
+        rf"Used {_SIZE} of {_SIZE} hbm. Exceeded hbm capacity by {_SIZE}", oom_message
+    )
+    if match:
+        return _bytes(*match.groups()[:2]) + _bytes(*match.groups()[4:])
+    return None
+
+
+def oom_summary(oom_message: str, allocations: int = 5) -> str:
+    """libtpu's report cut to its totals and the largest allocations: what to shrink."""
+    head, _, rest = oom_message.partition("Largest program allocations in hbm:")
+    lines = [line for line in head.splitlines() if line.strip()]
+    for block in re.split(r"\n\s*=+\s*\n", rest)[:allocations]:
+        fields = [re.sub(r"^\d+\.\s*", "", line.strip()) for line in block.splitlines()]
+        picked = [f for f in fields if f.startswith(("Size:", "Operator:", "Shape:"))]
+        if picked:
+            lines.append("  - " + "; ".join(picked))
+    return "\n".join(lines)
+
+
+def _compile(config: ml_collections.ConfigDict, devices: list, options: dict | None = None):
+    """(Compiled or None, OOM message or None, mesh, seconds to lower and compile)."""
+    mesh = sharding.create_mesh(config, devices=devices)
+    progs = programs.build(config, mesh, config.vocab_size)
+    # Outside the rules context: unboxing there would constrain the abstract leaves.
+    args = (progs.abstract_state(), progs.abstract_batch(config.batch_size, config.seq_len))
+    start = time.perf_counter()
+    with sharding.activate(mesh, progs.rules):
+        lowered = progs.train_step.lower(*args)
+    try:
+        compiled = lowered.compile(compiler_options=options)
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        message = str(e).split(" [type.googleapis.com/")[0].strip()  # drop the raw proto
+        return None, message, mesh, time.perf_counter() - start
+    return compiled, None, mesh, time.perf_counter() - start
+
+
+def matmul_loops(hlo: str) -> int:
+    """While loops whose body reaches a dot or convolution (through the computations it
+    calls): the ones whose single counting matters. XLA also emits loops that only move
+    data, e.g. to relayout a large gather; those are left as they are."""
+    bodies = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^(?:ENTRY )?%?([\w.-]+) [^\n]*\{\n(.*?)^\}", hlo, re.M | re.S)
+    }
+
+    def reaches_matmul(name: str, seen: set) -> bool:
+        seen.add(name)
+        if re.search(r"\s(?:dot|convolution)\(", bodies.get(name, "")):
+            return True
+        called = set(re.findall(r"%([\w.-]+)", bodies.get(name, ""))) & bodies.keys()
+        return any(reaches_matmul(c, seen) for c in called - seen)
+
+    loops = re.findall(r"\swhile\([^\n]*?body=%?([\w.-]+)", hlo)
+    return sum(reaches_matmul(body, set()) for body in loops)
+
+
+def _flops(compiled) -> float:
+    costs = compiled.cost_analysis()
+    costs = costs[0] if isinstance(costs, list) else costs
+    return float(costs["flops"])
+
+
+def _counting_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The same step with every loop XLA would count once unrolled: one micro-batch."""
+    c = config.copy_and_resolve_references()
+    c.model.scan_layers = False
+    c.batch_size = config.batch_size // config.grad_accum_steps
+    c.grad_accum_steps = 1
+    return c
+
+
+def _count_flops(config, devices, compiled, mode: str):
+    """(FLOPs per device or None, where they come from, seconds spent compiling for them)."""
+    if mode == "skip":
+        return None, "skipped (--flops=skip)", None
+    if compiled is None:
+        return None, "skipped: the step does not compile within HBM", None
+    if not matmul_loops(compiled.as_text()):
+        return _flops(compiled), "the configured program, which has no loops with matmuls", None
+    counting, oom, _, seconds = _compile(_counting_config(config), devices, _NO_WINDOWED_EINSUM)
+    if counting is None:
+        return None, f"failed: the unrolled program ran out of memory ({oom})", seconds
+    source = "unrolled compile (no layer scan, no windowed einsums, one micro-batch)"
+    if loops := matmul_loops(counting.as_text()):
+        source += f"; UNDERCOUNT: {loops} loops with matmuls remain, each counted once"
+    return _flops(counting) * config.grad_accum_steps, source, seconds
+
+
+def analyze(
+    config: ml_collections.ConfigDict,
+    topology: str,
+    num_slices: int = 1,
+    flops: str = "unrolled",
+    hbm_bytes: int | None = None,
+) -> Report:
+    """Compiles `config`'s train step for `num_slices` x `topology` (e.g. "v5p-64").
+
+    `hbm_bytes` replaces the chip's usable HBM in the `fits` verdict (to demand headroom).
+    """
+    if flops not in FLOPS_MODES:
+        raise ConfigError(f"flops={flops!r} is not allowed; use one of {FLOPS_MODES}")
+    slice_ = tpu_chips.parse(topology)
+    devices = topology_devices(slice_, num_slices)
+    compiled, oom, mesh, seconds = _compile(config, devices)
+    memory = None if compiled is None else Memory.of(compiled)
+    hbm = hbm_bytes or slice_.chip.usable_hbm_bytes
+    needed = memory.total if memory else required_bytes(oom)
+    fits = compiled is not None and memory.total <= hbm
+
+    per_device, source, flops_seconds = _count_flops(config, devices, compiled, flops)
+    return Report(
+        topology=topology,
+        libtpu_topology=slice_.libtpu_name,
+        chip=slice_.chip.name,
+        num_slices=num_slices,
+        num_devices=len(devices),
+        mesh_shape=dict(mesh.shape),
+        batch_size=config.batch_size,
+        seq_len=config.seq_len,
+        fits=fits,
+        memory=memory,
+        memory_per_chip_bytes=needed,
+        hbm_per_chip_bytes=hbm,
+        compile_seconds=seconds,
+        oom_message=oom,
+        flops_per_device=per_device,
+        flops_per_step=None if per_device is None else per_device * len(devices),
+        flops_source=source,
+        flops_compile_seconds=flops_seconds,
+        peak_flops_per_chip=slice_.chip.peak_bf16_flops,
+    )
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _needed(r: Report) -> str:
+    """The per-chip total and its share of HBM; after an OOM, the compiler's lower bound."""
+    if r.memory_per_chip_bytes is None:
+        return "?"
+    at_least = ">= " if r.memory is None else ""
+    share = r.memory_per_chip_bytes / r.hbm_per_chip_bytes
+    return f"{at_least}{_gib(r.memory_per_chip_bytes)} ({share:.1%})"
+
+
+def format_report(r: Report) -> str:
+    mesh = " ".join(f"{k}={v}" for k, v in r.mesh_shape.items())
+    slices = f"{r.num_slices} slices x " if r.num_slices > 1 else ""
+    lines = [
+        f"{slices}{r.topology} ({r.libtpu_topology}): {r.num_devices} {r.chip} chips, mesh {mesh}",
+        f"batch {r.batch_size} x {r.seq_len} tokens; compiled in {r.compile_seconds:.1f} s",
+        "memory per chip:",
+    ]
+    if r.memory:
+        m = r.memory
+        for label, n in (
+            ("arguments", m.arguments),
+            ("outputs", m.outputs),
+            ("aliased (donated)", -m.aliased),
+            ("temporaries", m.temporaries),
+            ("generated code", m.generated_code),
+        ):
+            lines.append(f"  {label:<18} {_gib(n):>12}")
+    else:
+        lines += ["  " + line for line in oom_summary(r.oom_message).splitlines()]
+    lines.append(
+        f"  {'total':<18} {_needed(r):>12} of {_gib(r.hbm_per_chip_bytes)} usable HBM: "
+        + ("fits" if r.fits else "DOES NOT FIT")
+    )
+    if r.flops_per_step is None:
+        lines.append(f"FLOPs per step: {r.flops_source}")
+    else:
+        took = f", {r.flops_compile_seconds:.1f} s" if r.flops_compile_seconds else ""
+        tokens = r.batch_size * r.seq_len / r.step_seconds_lower_bound
+        lines += [
+            f"FLOPs per step: {r.flops_per_step:.4g} ({r.flops_per_device:.4g} per chip; "
+            f"{r.flops_source}{took})",
+            f"step time >= {r.step_seconds_lower_bound:.3g} s at {r.peak_flops_per_chip / 1e12:g}"
+            f" TFLOP/s bf16 peak per chip (<= {tokens:,.0f} tokens/s)",
+        ]
+    return "\n".join(lines)
+
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+flags.DEFINE_string(
+    "topology", None, f"TPU slice, e.g. {', '.join(tpu_chips.EXAMPLES)}.", required=True
+)
+flags.DEFINE_integer("num_slices", 1, "Slices joined over DCN (config.mesh.dcn).")
+flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
+flags.DEFINE_enum("flops", "unrolled", FLOPS_MODES, "How to count FLOPs; see the module doc.")
+flags.DEFINE_integer("hbm_bytes", 0, "Judge `fits` against this per chip; 0: the chip's HBM.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    jax.config.update("jax_platforms", "cpu")  # libtpu compiles; no TPU is opened
+    try:
+        report = analyze(
+            FLAGS.config, FLAGS.topology, FLAGS.num_slices, FLAGS.flops, FLAGS.hbm_bytes or None
+        )
+    except (ConfigError, LibtpuMissingError) as e:
+        print(f"maelm_jax.compile: error: {e}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+    print(json.dumps(report.to_json(), indent=1) if FLAGS.json else format_report(report))
+    if not report.fits:
+        print(
+            f"maelm_jax.compile: the train step does not fit: it needs {_needed(report)} of "
+            f"the {_gib(report.hbm_per_chip_bytes)} usable HBM per {report.chip} chip",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_DOES_NOT_FIT)
+
+
+if __name__ == "__main__":
+    jax.config.config_with_absl()
+    app.run(main)

@@ -1,0 +1,164 @@
+"""Ahead-of-time compilation for TPU slices, on this CPU, with libtpu's compile-only devices.
+
+The compiles use a model wide enough (hidden 128) that matmuls dominate its FLOPs, so the
+count can be held against a hand count: a scanned program counted as is, or per-device
+FLOPs not multiplied by the device count, fall far outside the band.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from tiny_configs import tiny_config
+
+from maelm_jax import compile as aot
+from maelm_jax import configuration, tpu_chips
+from maelm_jax.configuration import ConfigError
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason='libtpu is not installed (pip install "jax[tpu]==0.10.2"); TPU compiles need it',
+)
+MODEL = dict(hidden_size=128, mlp_dim=512, num_layers=4)
+
+
+def hand_count_flops(c) -> float:
+    """Matmul FLOPs of one MAE-LM training step (forward + backward = 3x forward)."""
+    m, batch, length = c.model, c.batch_size, c.seq_len
+    k = configuration.num_masked(c.mask_rate, length)
+    vocab = configuration.padded_vocab_size(c.vocab_size)
+    # Q, K, V, O and the MLP per token, plus scores and weighted values over t tokens.
+    per_token = lambda t: (
+        2 * (4 * m.hidden_size**2 + 2 * m.hidden_size * m.mlp_dim) + (4 * t * m.hidden_size)
+    )
+    visible = length - k
+    forward = m.num_layers * batch * visible * per_token(visible)
+    forward += m.num_decoder_layers * batch * length * per_token(length)
+    forward += batch * k * 2 * (m.hidden_size**2 + m.hidden_size * vocab)  # LM head
+    return 3 * forward
+
+
+def run_cli(tmp_path, *args):
+    """`python -m maelm_jax.compile` on the tiny config with `args` appended."""
+    config = tmp_path / "tiny.py"
+    config.write_text(
+        "from tiny_configs import tiny_config\n\n\n"
+        f"def get_config():\n    return tiny_config(**{MODEL!r})\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
+    return subprocess.run(
+        [sys.executable, "-m", "maelm_jax.compile", f"--config={config}", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "name, libtpu_name, chips",
+    [
+        ("v4-8", "v4:2x2x1", 4),
+        ("v4-32", "v4:2x2x4", 16),
+        ("v4-128", "v4:4x4x4", 64),
+        ("v5p-8", "v5:2x2x1", 4),
+        ("v5p-64", "v5:2x4x4", 32),
+        ("v5p-128", "v5:4x4x4", 64),
+        ("v5p-2048", "v5:8x8x16", 1024),
+        ("v5e-1", "v5e:1x1", 1),
+        ("v5litepod-16", "v5e:4x4", 16),
+        ("v6e-8", "v6e:2x4", 8),
+        ("v6e-64", "v6e:8x8", 64),
+        ("v6e-256", "v6e:16x16", 256),
+        ("v5p:4x4x12", "v5:4x4x12", 192),
+    ],
+)
+def test_slice_names_map_to_cloud_tpu_shapes(name, libtpu_name, chips):
+    s = tpu_chips.parse(name)
+    assert (s.libtpu_name, s.num_chips) == (libtpu_name, chips)
+
+
+@pytest.mark.parametrize("name", ["v5p-64x", "v7-8", "v5p-12", "v5p-63", "v4-4", "v6e:8x8x1", ""])
+def test_unknown_slice_names_are_config_errors(name):
+    with pytest.raises(ConfigError, match=r"topology=.* is not allowed.*v5p-64"):
+        tpu_chips.parse(name)
+
+
+def test_missing_libtpu_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    with pytest.raises(aot.LibtpuMissingError, match=r'pip install "jax\[tpu\]'):
+        aot.analyze(tiny_config(), "v5p-8")
+
+
+def test_cli_unknown_topology_is_one_line_error(tmp_path):
+    result = run_cli(tmp_path, "--topology=v5p-63")
+    assert result.returncode == aot.EXIT_ERROR
+    errors = [line for line in result.stderr.splitlines() if "maelm_jax.compile: error" in line]
+    assert len(errors) == 1 and "topology='v5p-63' is not allowed" in errors[0], result.stderr
+
+
+@needs_libtpu
+def test_cli_json_reports_memory_and_unrolled_flops(tmp_path):
+    result = run_cli(tmp_path, "--topology=v5p-8", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert (report["topology"], report["num_devices"], report["fits"]) == ("v5p-8", 4, True)
+    assert report["mesh_shape"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    memory = report["memory"]
+    assert min(memory["arguments"], memory["outputs"], memory["temporaries"]) > 0
+    assert memory["aliased"] <= memory["outputs"]  # the donated state, written in place
+    assert report["memory_per_chip_bytes"] == memory["total"] >= memory["arguments"]
+    assert report["hbm_per_chip_bytes"] == tpu_chips.CHIPS["v5p"].usable_hbm_bytes
+    assert report["flops_per_step"] == pytest.approx(4 * report["flops_per_device"])
+    assert "UNDERCOUNT" not in report["flops_source"]
+    # Matmuls plus a little: layer norms, softmax, dropout bits, the optimizer.
+    ratio = report["flops_per_step"] / hand_count_flops(tiny_config(**MODEL))
+    assert 1.0 <= ratio <= 1.5, ratio
+    assert report["compile_seconds"] > 0 and report["step_seconds_lower_bound"] > 0
+
+
+@needs_libtpu
+def test_cli_step_that_does_not_fit_exits_nonzero(tmp_path):
+    result = run_cli(tmp_path, "--topology=v5p-8", "--json", f"--config.batch_size={2**22}")
+    assert result.returncode == aot.EXIT_DOES_NOT_FIT, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["fits"] is False and "RESOURCE_EXHAUSTED" in report["oom_message"]
+    assert report["memory_per_chip_bytes"] > report["hbm_per_chip_bytes"]
+    assert "does not fit" in result.stderr
+
+
+@needs_libtpu
+def test_two_slices_build_a_hybrid_mesh():
+    report = aot.analyze(tiny_config(), "v5p-8", num_slices=2, flops="skip")
+    assert (report.num_devices, report.num_slices, report.fits) == (8, 2, True)
+    assert report.mesh_shape == {"data": 2, "fsdp": 4, "tensor": 1}  # data over DCN
+    assert report.memory.total >= report.memory.arguments > 0
+    assert report.flops_per_step is None and "skip" in report.flops_source
+
+
+HLO = """
+%fused_matmul (p0: f32[2,2], p1: f32[2,2]) -> f32[2,2] {
+  ROOT %dot.1 = f32[2,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}
+}
+%matmul_body (param: (s32[], f32[2,2])) -> (s32[], f32[2,2]) {
+  %mm = f32[2,2]{1,0} fusion(%x, %y), kind=kOutput, calls=%fused_matmul
+}
+%copy_body (param: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %c = f32[4]{0} copy(%x)
+}
+ENTRY %main (p: f32[2,2]) -> f32[2,2] {
+  %w1 = (s32[], f32[2,2]) while(%t1), condition=%cond, body=%matmul_body
+  %w2 = (s32[], f32[4]) while(%t2), condition=%cond, body=%copy_body
+}
+"""
+
+
+def test_only_loops_that_reach_a_matmul_count_as_undercounting():
+    assert aot.matmul_loops(HLO) == 1
