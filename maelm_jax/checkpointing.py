@@ -76,6 +76,12 @@ def check_params_match(saved_params, model_params, where: str) -> None:
             )
 
 
+def absolute(path) -> epath.Path:
+    """Orbax wants absolute paths; a relative local workdir is taken from the current dir."""
+    path = epath.Path(path)
+    return path if "://" in os.fspath(path) else epath.Path(os.path.abspath(os.fspath(path)))
+
+
 def _list_files(step_dir: epath.Path) -> dict[str, int]:
     """{relative path: size} of the files below `step_dir` that stay fixed once written."""
     files = {}
@@ -113,7 +119,7 @@ class Checkpointer:
     """Saves and restores one run's checkpoints; all processes construct and call it."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir, tokenizer: Tokenizer):
-        self.directory = epath.Path(workdir) / CHECKPOINT_DIRNAME
+        self.directory = absolute(workdir) / CHECKPOINT_DIRNAME
         # Orbax finishes saves in the order they start; its commit callback takes the oldest.
         self._uncommitted: collections.deque[tuple[int, float]] = collections.deque()
         options = ocp.CheckpointManagerOptions(
@@ -287,7 +293,7 @@ def _resolve_init_from(path: epath.Path) -> epath.Path:
 def load_params(init_from: str, abstract_params):
     """Only the parameters of another run's checkpoint, placed in `abstract_params`'s
     shardings; the optimizer state and step of that run are not read."""
-    path = epath.Path(init_from)
+    path = absolute(init_from)
     if not path.exists():
         raise ConfigError(f"init_from={init_from!r} does not exist")
     step_dir = _resolve_init_from(path)

@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from etils import epath
 from tensorboard.backend.event_processing import event_accumulator
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, run_flags, tiny_run_config
 
-from maelm_jax import input_pipeline, metric_logging, train
+from maelm_jax import checkpointing, input_pipeline, metric_logging, train
 from maelm_jax.configuration import ConfigError
 
 
@@ -59,16 +60,19 @@ def test_same_seed_same_losses(two_runs):
 
 
 def test_cli_trains_the_default_config(tmp_path):
-    env = dict(os.environ, TFDS_DATA_DIR=str(tmp_path / "tfds"))
+    """The README's command: the default config, a workdir relative to the current dir."""
+    env = dict(os.environ, TFDS_DATA_DIR=str(tmp_path / "tfds"), PYTHONPATH=str(REPO_ROOT))
     result = subprocess.run(
-        [sys.executable, "-m", "maelm_jax.main", "--config=configs/default.py",
-         "--config.num_train_steps=3", f"--workdir={tmp_path / 'run'}"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "maelm_jax.main", f"--config={REPO_ROOT}/configs/default.py",
+         "--config.num_train_steps=3", "--workdir=workdirs/default"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    metrics = metric_logging.read_metrics(tmp_path / "run")
-    assert "train/loss" in metrics[3] and "eval/loss" in metrics[3]
-    assert (tmp_path / "run" / "checkpoints" / "3" / "commit_success.txt").exists()
+    workdir = tmp_path / "workdirs" / "default"
+    metrics = metric_logging.read_metrics(workdir)
+    assert metrics[0]["eval/loss"] > metrics[3]["eval/loss"]
+    assert "train/loss" in metrics[3]
+    assert checkpointing.problem_with(epath.Path(workdir / "checkpoints" / "3")) is None
 
 
 @pytest.mark.parametrize(
