@@ -30,10 +30,11 @@ from maelm_jax import (
     programs,
     sharding,
     train,
+    train_step,
 )
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.model import MaskedLM, count_params
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID, Tokenizer
+from maelm_jax.model import count_params
+from maelm_jax.tokenizer import BOS_ID, FIRST_REGULAR_ID, Tokenizer
 
 flags.DEFINE_list("configs", ["mlm_base", "three_ml_self_base"], "Config modules in configs/.")
 flags.DEFINE_integer("batch_size", None, "Global batch; default: each config's own.")
@@ -54,16 +55,7 @@ def _config(name: str):
 def forward_backward_flops(config) -> tuple[float, int, int]:
     """(XLA FLOPs of one forward+backward, total params, encoder params) for `config`."""
     config.model.scan_layers = False
-    model_cfg = configuration.model_config(config, config.vocab_size)
-    mask_cfg = configuration.masking_config(
-        config,
-        vocab_size=config.vocab_size,
-        mask_id=MASK_ID,
-        pad_id=PAD_ID,
-        special_ids=(BOS_ID, PAD_ID, EOS_ID),
-        first_regular_id=FIRST_REGULAR_ID,
-    )
-    model = MaskedLM(model_cfg, pad_id=PAD_ID)
+    model, mask_cfg = programs.model_and_masking(config, config.vocab_size)
     ids = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
     k = mask_cfg.num_masked
     params = jax.eval_shape(
@@ -77,15 +69,7 @@ def forward_backward_flops(config) -> tuple[float, int, int]:
 
     def loss_fn(p, input_ids, rng):
         batch = masking.mask_batch(rng, input_ids, mask_cfg)
-        logits = model.apply(
-            {"params": p},
-            batch.input_ids,
-            batch.masked_idx,
-            batch.visible_idx,
-            deterministic=False,
-            rngs={"dropout": rng},
-        )
-        return loss.mean_loss(loss.masked_lm_sums(logits, batch.labels, batch.mask_weights))
+        return loss.mean_loss(train_step.loss_sums(p, batch, rng, model)[1])
 
     compiled = jax.jit(jax.grad(loss_fn)).lower(params, ids, jax.random.PRNGKey(0)).compile()
     flops = float(compiled.cost_analysis()["flops"])

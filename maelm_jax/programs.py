@@ -51,6 +51,22 @@ class Programs:
             return train_state.initialize(self.init_fn, rng, self.state_shardings)
 
 
+def model_and_masking(
+    config: ml_collections.ConfigDict, vocab_size: int
+) -> tuple[MaskedLM, configuration.MaskingConfig]:
+    """The model and its masking for a tokenizer of `vocab_size` pieces (the project's fixed
+    special-id layout); no mesh involved."""
+    masking_cfg = configuration.masking_config(
+        config,
+        vocab_size=vocab_size,
+        mask_id=MASK_ID,
+        pad_id=PAD_ID,
+        special_ids=(BOS_ID, PAD_ID, EOS_ID),
+        first_regular_id=FIRST_REGULAR_ID,
+    )
+    return MaskedLM(configuration.model_config(config, vocab_size), pad_id=PAD_ID), masking_cfg
+
+
 def build(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int) -> Programs:
     """Everything a run needs before data arrives; validates the config against the mesh.
 
@@ -60,16 +76,8 @@ def build(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int) -> Pro
     configuration.validate(config)
     rules = sharding.axis_rules(config)
     sharding.check_batch(config, mesh, rules)
-    model_cfg = configuration.model_config(config, vocab_size)
-    masking_cfg = configuration.masking_config(
-        config,
-        vocab_size=vocab_size,
-        mask_id=MASK_ID,
-        pad_id=PAD_ID,
-        special_ids=(BOS_ID, PAD_ID, EOS_ID),
-        first_regular_id=FIRST_REGULAR_ID,
-    )
-    model = MaskedLM(model_cfg, pad_id=PAD_ID)
+    model, masking_cfg = model_and_masking(config, vocab_size)
+    model_cfg = model.config
     tx = optimizer.create_optimizer(config)
     init_fn = train_state.make_init_fn(model, tx, model_cfg, config.seq_len, masking_cfg.num_masked)
     with sharding.activate(mesh, rules):

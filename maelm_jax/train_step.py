@@ -40,7 +40,8 @@ def _microbatches(tree, num: int):
     return jax.tree_util.tree_map(split, tree)
 
 
-def _loss_sums(params, batch: masking.MaskedBatch, dropout_rng, model: nn.Module):
+def loss_sums(params, batch: masking.MaskedBatch, dropout_rng, model: nn.Module):
+    """(loss_sum, all sums) of one masked batch in training mode (dropout on)."""
     logits = model.apply(
         {"params": params},
         batch.input_ids,
@@ -73,7 +74,7 @@ def train_step(
     """
     mask_rng, dropout_rng = step_rngs(seed, state.step)
     masked = masking.mask_batch(mask_rng, batch["input_ids"], masking_cfg)
-    grad_fn = jax.grad(_loss_sums, has_aux=True)
+    grad_fn = jax.grad(loss_sums, has_aux=True)
 
     def accumulate(carry, micro):
         grads, sums = carry
