@@ -4,10 +4,6 @@ import jax
 import ml_collections
 import optax
 
-# Leaf names that get no weight decay: biases and LayerNorm scales (and the LM head bias).
-_NO_DECAY = {"bias", "scale", "output_bias"}
-
-
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
     """0 -> learning_rate over warmup_steps, then linearly to 0 at num_train_steps."""
     warmup = max(1, min(config.warmup_steps, config.num_train_steps))
@@ -22,13 +18,14 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """True where weight decay applies: every leaf except biases and LayerNorm scales."""
+    """True where weight decay applies: every leaf except biases and LayerNorm scales
+    (leaves named `bias`, `*_bias` or `scale`)."""
 
-    def keep(path, _):
-        names = [getattr(k, "key", None) for k in path]
-        return not any(name in _NO_DECAY for name in names)
+    def decays(path, _):
+        name = str(getattr(path[-1], "key", path[-1]))
+        return not (name.endswith("bias") or name == "scale")
 
-    return jax.tree_util.tree_map_with_path(keep, params)
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:

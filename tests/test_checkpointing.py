@@ -465,6 +465,19 @@ def test_a_workdir_with_its_own_checkpoint_resumes_and_ignores_init_from(
     assert rerun == {s: expected[s] for s in rerun}
 
 
+# --- Retention -----------------------------------------------------------------------------
+
+
+def test_keeps_the_last_checkpoints_and_every_milestone(corpus, tmp_path):
+    """keep_checkpoints=2 of the every-4-steps saves, plus every multiple of 8 for good."""
+    config = run_config(
+        corpus, num_train_steps=20, checkpoint_every_steps=4, keep_checkpoints=2,
+        keep_every_steps=8,
+    )  # fmt: skip
+    rh.train_in_process(config, tmp_path)
+    assert rh.good_steps(tmp_path) == [8, 16, 20]
+
+
 # --- Asynchronous save errors --------------------------------------------------------------
 
 # Below every checkpoint's largest files (the tokenizer as JSON, ~330 KB; the arrays, ~400
