@@ -21,7 +21,7 @@ case "$action" in
     tar -C "$repo" --exclude=.venv --exclude=.git --exclude=workdirs -czf /tmp/maelm_jax.tgz .
     gcloud compute tpus tpu-vm scp /tmp/maelm_jax.tgz "$tpu":~/ --zone="$zone" --worker=all
     on_all 'mkdir -p ~/maelm_jax && tar -C ~/maelm_jax -xzf ~/maelm_jax.tgz &&
-      python3 -m venv ~/maelm_venv && ~/maelm_venv/bin/pip install -q -e "~/maelm_jax[tpu]"'
+      python3 -m venv ~/maelm_venv && ~/maelm_venv/bin/pip install -q -e "$HOME/maelm_jax[tpu]"'
     ;;
   train)
     [[ $# -ge 2 ]] || usage
