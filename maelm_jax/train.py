@@ -160,6 +160,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
 
     Rerunning with the same workdir resumes from the newest good checkpoint.
     """
+    # Random bits computed shard-locally, so masks and dropout never gather across devices
+    # (the default in current JAX; pinned because the data path relies on it).
     jax.config.update("jax_threefry_partitionable", True)
     configuration.validate(config)
     workdir = epath.Path(workdir)
