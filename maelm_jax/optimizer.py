@@ -4,6 +4,7 @@ import jax
 import ml_collections
 import optax
 
+
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
     """0 -> learning_rate over warmup_steps, then linearly to 0 at num_train_steps."""
     warmup = max(1, min(config.warmup_steps, config.num_train_steps))
