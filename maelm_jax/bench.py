@@ -33,7 +33,7 @@ from maelm_jax import (
     train_step,
 )
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.model import count_params
+from maelm_jax.model import count_params, init_inputs
 from maelm_jax.tokenizer import BOS_ID, FIRST_REGULAR_ID, Tokenizer
 
 flags.DEFINE_list("configs", ["mlm_base", "three_ml_self_base"], "Config modules in configs/.")
@@ -57,13 +57,8 @@ def forward_backward_flops(config) -> tuple[float, int, int]:
     config.model.scan_layers = False
     model, mask_cfg = programs.model_and_masking(config, config.vocab_size)
     ids = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
-    k = mask_cfg.num_masked
     params = jax.eval_shape(
-        model.init,
-        jax.random.PRNGKey(0),
-        jax.ShapeDtypeStruct((1, config.seq_len), jnp.int32),
-        jax.ShapeDtypeStruct((1, k), jnp.int32),
-        jax.ShapeDtypeStruct((1, config.seq_len - k), jnp.int32),
+        model.init, jax.random.PRNGKey(0), *init_inputs(config.seq_len, mask_cfg.num_masked)
     )["params"]
     params = nn.meta.unbox(params)
 

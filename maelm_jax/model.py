@@ -232,5 +232,14 @@ class MaskedLM(nn.Module):
         return self.lm_head(hidden, self.token_embed)
 
 
+def init_inputs(seq_len: int, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(input_ids, masked_idx, visible_idx) of one placeholder row for `MaskedLM.init`:
+    parameter shapes depend only on seq_len and k, never on the values."""
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    masked_idx = jnp.arange(k, dtype=jnp.int32)[None]
+    visible_idx = jnp.arange(k, seq_len, dtype=jnp.int32)[None]
+    return ids, masked_idx, visible_idx
+
+
 def count_params(params) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(params))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from maelm_jax.configuration import ModelConfig
+from maelm_jax.model import init_inputs
 
 
 @flax.struct.dataclass
@@ -32,10 +33,7 @@ def make_init_fn(
     """rng -> TrainState with logically-boxed leaves (see `nn.get_partition_spec`)."""
 
     def init(rng):
-        ids = jnp.zeros((1, seq_len), jnp.int32)
-        masked_idx = jnp.arange(k, dtype=jnp.int32)[None]
-        visible_idx = jnp.arange(k, seq_len, dtype=jnp.int32)[None]
-        params = model.init(rng, ids, masked_idx, visible_idx)["params"]
+        params = model.init(rng, *init_inputs(seq_len, k))["params"]
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,

@@ -18,7 +18,7 @@ from configs import (
     three_ml_self_large,
 )
 from maelm_jax import configuration, loss, masking
-from maelm_jax.model import MaskedLM, count_params
+from maelm_jax.model import MaskedLM, count_params, init_inputs
 from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
 
 SEQ = 32
@@ -263,13 +263,7 @@ def test_paper_config_parameter_counts(config_module):
     cfg = config_module.get_config()
     model = MaskedLM(configuration.model_config(cfg, cfg.vocab_size), pad_id=PAD_ID)
     k = configuration.num_masked(cfg.mask_rate, cfg.seq_len)
-    shapes = jax.eval_shape(
-        model.init,
-        jax.random.PRNGKey(0),
-        jax.ShapeDtypeStruct((1, cfg.seq_len), jnp.int32),
-        jax.ShapeDtypeStruct((1, k), jnp.int32),
-        jax.ShapeDtypeStruct((1, cfg.seq_len - k), jnp.int32),
-    )
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), *init_inputs(cfg.seq_len, k))
     assert count_params(nn.unbox(shapes["params"])) == expected_params(cfg)
 
 
