@@ -13,7 +13,7 @@ from clu import platform
 from ml_collections import config_flags
 
 from maelm_jax import metric_logging, train
-from maelm_jax.checkpointing import CheckpointSaveError
+from maelm_jax.checkpointing import CheckpointSaveError, silence_writes_after_a_failed_save
 from maelm_jax.configuration import ConfigError
 
 FLAGS = flags.FLAGS
@@ -52,6 +52,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     metric_logging.quiet_library_logs()
+    silence_writes_after_a_failed_save()
     initialize_distributed()
     logging.info(
         "Process %d of %d; local devices: %s",
