@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.max_positions = 512
     c.model.dropout_rate = 0.1
     c.model.decoder_dropout_rate = 0.0  # MAE-LM trains its decoder without dropout
-    # T5-style relative position bias in the encoder; 0 buckets turns it off.
+    # Relative position bias (MAE-LM's bucketing), shared by all encoder layers; 0 turns it off.
     c.model.relative_attention_buckets = 0
     c.model.relative_attention_max_distance = 128
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32

@@ -1,4 +1,4 @@
-"""Multi-head attention and the optional T5-style relative position bias.
+"""Multi-head attention and the optional relative position bias (MAE-LM's bucketing).
 
 Attention goes through `jax.nn.dot_product_attention` so XLA (or cuDNN on GPUs) can choose a
 fused kernel. That API has no attention-probability dropout; we keep the fused path and
@@ -10,6 +10,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maelm_jax import logical_axes as ax
 from maelm_jax.configuration import ModelConfig
@@ -58,20 +59,32 @@ class MultiHeadAttention(nn.Module):
         return jnp.einsum("bsnh,enh->bse", out, kernel) + b
 
 
-def relative_position_bucket(relative_position, num_buckets: int, max_distance: int):
-    """T5's bidirectional bucketing: exact buckets near 0, log-spaced out to max_distance.
+def relative_position_buckets(num_buckets: int, max_distance: int, max_positions: int):
+    """The official MAE-LM (fairseq) bucket of every offset `key - query` a model can meet.
 
-    Half the buckets are for keys after the query, half for keys before; within each half,
-    the first half of the buckets are exact offsets and the rest are logarithmic.
+    Returns int32 [2 * max_positions - 1]; entry `d + max_positions - 1` is offset d's bucket.
+    The layout differs from T5's (and HF MPNet's): offsets below `max_exact = num_buckets // 4`
+    in size keep their own bucket; larger ones get `max_exact + ceil(log(|d| / max_exact) /
+    log((max_distance - 1) / max_exact) * (num_buckets // 2 - 1 - max_exact))`, capped at
+    `num_buckets // 2 - 1`, with the offset's sign; the table is then shifted so its smallest
+    entry (the farthest key before the query) is 0. Offsets are signed around a shared 0,
+    so only `num_buckets - 1` of the `num_buckets` rows are ever used.
+
+    Computed once on the host in float32, as the reference computes it, so bucket edges are
+    bit-for-bit the reference's; the model only gathers from the table.
     """
+    offsets = np.arange(-(max_positions - 1), max_positions)
     half = num_buckets // 2
-    bucket = jnp.where(relative_position > 0, half, 0)
-    distance = jnp.abs(relative_position)
     max_exact = half // 2
-    log_ratio = jnp.log(jnp.maximum(distance, 1) / max_exact) / math.log(max_distance / max_exact)
-    far = max_exact + (log_ratio * (half - max_exact)).astype(jnp.int32)
-    far = jnp.minimum(far, half - 1)
-    return bucket + jnp.where(distance < max_exact, distance, far)
+    distance = np.abs(offsets)
+    far = np.maximum(distance, max_exact).astype(np.float32)
+    log_ratio = np.log(far / np.float32(max_exact)) / np.float32(
+        math.log((max_distance - 1) / max_exact)
+    )
+    large = max_exact + np.ceil(log_ratio * np.float32(half - 1 - max_exact)).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    signed = np.where(distance < max_exact, distance, large) * np.sign(offsets)
+    return (signed - signed.min()).astype(np.int32)
 
 
 class RelativePositionBias(nn.Module):
@@ -96,8 +109,11 @@ class RelativePositionBias(nn.Module):
             (cfg.relative_attention_buckets, cfg.num_heads),
             jnp.float32,
         )
-        relative = key_positions[:, None, :] - query_positions[:, :, None]
-        buckets = relative_position_bucket(
-            relative, cfg.relative_attention_buckets, cfg.relative_attention_max_distance
+        offsets = relative_position_buckets(
+            cfg.relative_attention_buckets,
+            cfg.relative_attention_max_distance,
+            cfg.max_positions,
         )
+        relative = key_positions[:, None, :] - query_positions[:, :, None]
+        buckets = jnp.asarray(offsets)[relative + cfg.max_positions - 1]
         return jnp.transpose(table[buckets], (0, 3, 1, 2))

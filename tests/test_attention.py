@@ -3,24 +3,44 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from test_model import build, run
 
-from maelm_jax.attention import relative_position_bucket
+from maelm_jax.attention import relative_position_buckets
+
+# The official MAE-LM implementation's buckets (fairseq `relative_position_bucket` with its
+# `rp_bucket -= rp_bucket.min()` shift, max_seq_len 512), for offsets key - query = -300..300,
+# as run lengths: bucket b covers the next RUNS[b] offsets. Taken by running the reference.
+OFFICIAL_RUNS = {
+    (64, 128): [190, 14, 13, 10, 10, 8, 7, 6, 6, 5, 4, 3, 3, 3, 2]
+    + [1] * 33
+    + [2, 3, 3, 3, 4, 5, 6, 6, 7, 8, 10, 10, 13, 14, 190],
+    # ae_large's defaults: 128 buckets, max distance 256.
+    (128, 256): [62, 15, 15, 13, 13, 12, 11, 10, 10, 9, 8, 8, 8, 7, 6, 6, 6, 5, 5, 5, 4, 4, 4]
+    + [3, 4, 3, 3, 2, 3, 2, 2]
+    + [1] * 65
+    + [2, 2, 3, 2, 3, 3, 4, 3, 4, 4, 4, 5, 5, 5, 6, 6, 6, 7, 8, 8, 8, 9, 10, 10, 11, 12]
+    + [13, 13, 15, 15, 62],
+}
 
 
-def test_buckets_exact_near_zero_log_far_and_direction_aware():
-    offsets = jnp.arange(-300, 301)
-    buckets = np.asarray(relative_position_bucket(offsets, 64, 128))
-    assert buckets.min() == 0 and buckets.max() == 63
-    before, after = buckets[offsets < 0], buckets[offsets > 0]
-    assert before.max() < 32 <= after.min()  # keys before and after use separate halves
-    # Offsets -15..15 each get their own bucket (0 for the token itself); beyond that, buckets
-    # grow logarithmically.
-    np.testing.assert_array_equal(buckets[300:316], [0, *range(33, 48)])
-    np.testing.assert_array_equal(buckets[285:300], range(15, 0, -1))
-    assert len(set(buckets[300 + 16 : 300 + 128])) < 112 / 4
-    assert (np.diff(buckets[301:]) >= 0).all() and (np.diff(buckets[:300]) <= 0).all()
-    assert buckets[300 + 128] == buckets[300 + 300] == 63  # everything past max_distance
+@pytest.mark.parametrize("buckets,max_distance", sorted(OFFICIAL_RUNS))
+def test_buckets_equal_the_official_mae_lm_table(buckets, max_distance):
+    expected = np.repeat(
+        np.arange(len(OFFICIAL_RUNS[buckets, max_distance])), OFFICIAL_RUNS[buckets, max_distance]
+    )
+    table = relative_position_buckets(buckets, max_distance, max_positions=512)
+    offsets = np.arange(-300, 301)
+    np.testing.assert_array_equal(table[offsets + 511], expected)
+    # Signed around a shared 0: one of the buckets is never used.
+    assert table.min() == 0 and table.max() == buckets - 2
+
+
+def test_buckets_are_exact_near_zero_and_monotone():
+    table = relative_position_buckets(64, 128, max_positions=512)
+    near = table[511 - 15 : 511 + 16]
+    np.testing.assert_array_equal(np.diff(near), 1)  # one bucket per offset in -15..15
+    assert (np.diff(table) >= 0).all()
 
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
