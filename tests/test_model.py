@@ -19,7 +19,7 @@ from configs import (
 )
 from maelm_jax import configuration, loss, masking
 from maelm_jax.model import MaskedLM, count_params, init_inputs
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
+from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 
 SEQ = 32
 
@@ -50,16 +50,44 @@ _APPLY = {}
 def run(model, params, batch, input_ids=None):
     """-> (logits, intermediates) in deterministic mode; one compile per model."""
     if id(model) not in _APPLY:
-        _APPLY[id(model)] = (model, jax.jit(lambda *a: model.apply(*a, mutable=["intermediates"])))
+        apply = lambda *a, **kw: model.apply(*a, **kw, mutable=["intermediates"])
+        _APPLY[id(model)] = (model, jax.jit(apply))
     ids = batch.input_ids if input_ids is None else input_ids
     apply = _APPLY[id(model)][1]
-    logits, state = apply({"params": params}, ids, batch.masked_idx, batch.visible_idx)
+    logits, state = apply(
+        {"params": params},
+        ids,
+        batch.masked_idx,
+        batch.visible_idx,
+        segment_ids=batch.segment_ids,
+    )
     return logits, state.get("intermediates", {})
 
 
-@pytest.mark.parametrize("decoder", ["self", "cross"])
-def test_encoder_never_sees_masked_tokens_or_mask_embedding(decoder):
-    model, params, batch = build("mae_lm", decoder, relative_attention_buckets=8)
+def mask_vector(model, params):
+    """The [MASK] vector the decoder uses, from wherever `mask_token_source` keeps it."""
+    if model.config.mask_token_source == "embedding_row":
+        return np.asarray(params["token_embed"]["embedding"][MASK_ID])
+    return np.asarray(params["decoder"]["mask_embedding"])
+
+
+def with_mask_vector(model, params, vector):
+    changed = jax.tree_util.tree_map(lambda x: x, params)
+    if model.config.mask_token_source == "embedding_row":
+        table = changed["token_embed"]["embedding"]
+        changed["token_embed"]["embedding"] = table.at[MASK_ID].set(vector)
+    else:
+        changed["decoder"]["mask_embedding"] = jnp.asarray(vector)
+    return changed
+
+
+@pytest.mark.parametrize(
+    "decoder,source", [("self", "embedding_row"), ("cross", "embedding_row"), ("cross", "learned")]
+)
+def test_encoder_never_sees_masked_tokens_or_mask_embedding(decoder, source):
+    model, params, batch = build(
+        "mae_lm", decoder, relative_attention_buckets=8, mask_token_source=source
+    )
     logits, inter = run(model, params, batch)
     encoded = inter["encoder_output"][0]
 
@@ -70,8 +98,7 @@ def test_encoder_never_sees_masked_tokens_or_mask_embedding(decoder):
     np.testing.assert_array_equal(inter2["encoder_output"][0], encoded)
     np.testing.assert_array_equal(logits2, logits)
 
-    changed = jax.tree_util.tree_map(lambda x: x, params)
-    changed["decoder"]["mask_embedding"] = params["decoder"]["mask_embedding"] + 1.0
+    changed = with_mask_vector(model, params, mask_vector(model, params) + 1.0)
     logits3, inter3 = run(model, changed, batch)
     np.testing.assert_array_equal(inter3["encoder_output"][0], encoded)
     assert not np.allclose(logits3, logits), "the [MASK] embedding must reach the decoder"
@@ -111,7 +138,7 @@ def test_self_decoder_input_matches_numpy_reference():
     encoded = np.asarray(inter["encoder_output"][0])
     got = np.asarray(inter["decoder"]["decoder_input"][0])
     positions = np.asarray(params["decoder"]["position_embed"]["embedding"])
-    mask_vec = np.asarray(params["decoder"]["mask_embedding"])
+    mask_vec = mask_vector(model, params)
     want = np.zeros((batch.input_ids.shape[0], SEQ, mask_vec.shape[0]), np.float32)
     for b in range(want.shape[0]):
         for j, pos in enumerate(np.asarray(batch.visible_idx[b])):
@@ -121,12 +148,14 @@ def test_self_decoder_input_matches_numpy_reference():
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
-def test_cross_decoder_queries_are_mask_embedding_at_masked_positions():
-    model, params, batch = build("mae_lm", "cross")
+@pytest.mark.parametrize("source", ["embedding_row", "learned"])
+def test_cross_decoder_queries_are_mask_embedding_at_masked_positions(source):
+    model, params, batch = build("mae_lm", "cross", mask_token_source=source)
+    assert ("mask_embedding" in params["decoder"]) == (source == "learned")
     _, inter = run(model, params, batch)
     got = np.asarray(inter["decoder"]["decoder_input"][0])
     positions = np.asarray(params["decoder"]["position_embed"]["embedding"])
-    mask_vec = np.asarray(params["decoder"]["mask_embedding"])
+    mask_vec = mask_vector(model, params)
     want = mask_vec + positions[np.asarray(batch.masked_idx)]
     assert got.shape == (batch.masked_idx.shape[0], batch.masked_idx.shape[1], mask_vec.shape[0])
     np.testing.assert_allclose(got, want, atol=1e-6)
@@ -140,6 +169,7 @@ def grad_fn(model, deterministic=False):
             batch.masked_idx,
             batch.visible_idx,
             deterministic=deterministic,
+            segment_ids=batch.segment_ids,
             rngs={"dropout": rng},
         )
         sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
@@ -170,12 +200,34 @@ def test_compiles_once_for_any_mask_and_padding(objective, decoder):
 
 @pytest.mark.parametrize("decoder", ["self", "cross"])
 def test_gradients_reach_mask_embedding_decoder_and_encoder(decoder):
-    model, params, batch = build("mae_lm", decoder)
+    model, params, batch = build("mae_lm", decoder, mask_token_source="learned")
     _, grads = jax.jit(grad_fn(model))(params, batch, jax.random.PRNGKey(0))
     # Every parameter tensor, [MASK] embedding and decoder and encoder included, gets signal.
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
     assert float(jnp.abs(grads["decoder"]["mask_embedding"]).min()) > 0
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_embedding_row_mask_gets_the_decoders_gradient(decoder):
+    """With mask_token_source="embedding_row" the <mask> row gets, on top of its tied LM-head
+    gradient, exactly what a learned [MASK] vector with the same value would get."""
+    row_model, params, batch = build("mae_lm", decoder, mask_token_source="embedding_row")
+    assert "mask_embedding" not in params["decoder"]
+    learned_cfg = frozen(tiny_config("mae_lm", decoder, SEQ, mask_token_source="learned"))[0]
+    learned_model = MaskedLM(learned_cfg, pad_id=PAD_ID)
+    learned_params = jax.tree_util.tree_map(lambda x: x, params)
+    learned_params["decoder"]["mask_embedding"] = params["token_embed"]["embedding"][MASK_ID]
+    rng = jax.random.PRNGKey(0)
+    (loss_row, _), g_row = jax.jit(grad_fn(row_model))(params, batch, rng)
+    (loss_learned, _), g_learned = jax.jit(grad_fn(learned_model))(learned_params, batch, rng)
+    np.testing.assert_allclose(loss_row, loss_learned, rtol=1e-6)
+    through_decoder = g_row["token_embed"]["embedding"][MASK_ID]
+    through_decoder -= g_learned["token_embed"]["embedding"][MASK_ID]
+    assert float(jnp.abs(through_decoder).max()) > 1e-4
+    np.testing.assert_allclose(
+        through_decoder, g_learned["decoder"]["mask_embedding"], atol=1e-6, rtol=1e-4
+    )
 
 
 def stack_layers(tree):
@@ -231,7 +283,7 @@ def expected_params(cfg, vocab=32768):
     cross layer   = two attentions 8E^2 + 8E, the MLP, three LayerNorms 6E
     embeddings    = VE (tokens) + PE (positions) + 2E (LayerNorm)
     LM head       = E^2 + E (dense) + 2E (LayerNorm) + V (output bias)
-    decoder       = PE (positions) + 2E (LayerNorm) + E ([MASK]) + layers
+    decoder       = PE (positions) + 2E (LayerNorm) + layers, + E for a learned [MASK]
     relative bias = buckets x heads
     """
     m = cfg.model
@@ -242,7 +294,8 @@ def expected_params(cfg, vocab=32768):
     total += m.relative_attention_buckets * m.num_heads
     if cfg.objective == "mae_lm":
         per_layer = layer if m.decoder == "self" else cross_layer
-        total += p * e + 3 * e + m.num_decoder_layers * per_layer
+        total += p * e + 2 * e + m.num_decoder_layers * per_layer
+        total += e if m.mask_token_source == "learned" else 0
     return total
 
 
