@@ -19,6 +19,7 @@ from configs import (
 )
 from maelm_jax import configuration, loss, masking
 from maelm_jax.model import MaskedLM, count_params, init_inputs
+from maelm_jax.segments import segment_ids
 from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 
 SEQ = 32
@@ -325,3 +326,92 @@ def test_base_encoder_size_is_roberta_base():
     cfg = mlm_base.get_config()
     assert 110e6 < expected_params(cfg) < 112e6
     assert 139e6 < expected_params(mae_lm_base.get_config()) < 141e6
+
+
+def documents_batch(seed, doc_lengths):
+    """Rows of `<s>` + documents each ended by `</s>`, as packing builds them, then padding."""
+    rng = np.random.default_rng(seed)
+    ids = np.full((len(doc_lengths), SEQ), PAD_ID, np.int32)
+    for row, lengths in enumerate(doc_lengths):
+        tokens = [BOS_ID]
+        for n in lengths:
+            tokens += [*rng.integers(FIRST_REGULAR_ID, 300, n), EOS_ID]
+        ids[row, : len(tokens)] = tokens
+    return ids
+
+
+@pytest.mark.parametrize(
+    "objective,decoder", [("mlm", "self"), ("mae_lm", "self"), ("mae_lm", "cross")]
+)
+def test_a_document_changes_no_output_of_another_document(objective, decoder):
+    """Every token of document 2 replaced: nothing of documents 1 and 3 moves (encoder
+    outputs, the decoders' and MLM's logits), while it does under packing="concatenated"."""
+    ids = documents_batch(0, [[9, 8, 6], [4, 12, 8], [13, 9, 2], [6, 10, 3]])
+    changed = ids.copy()
+    doc2 = np.cumsum(ids == EOS_ID, axis=1) - (ids == EOS_ID) == 1
+    doc2 &= ids >= FIRST_REGULAR_ID
+    changed[doc2] = np.random.default_rng(1).integers(FIRST_REGULAR_ID, 300, doc2.sum())
+    _, params, _ = build(objective, decoder, relative_attention_buckets=8)
+    segments = np.asarray(segment_ids(jnp.asarray(ids), EOS_ID, PAD_ID, "segmented"))
+    for packing in ("segmented", "concatenated"):
+        c = tiny_config(objective, decoder, SEQ, relative_attention_buckets=8)
+        c.packing = packing
+        model_cfg, mask_cfg = frozen(c)
+        model = MaskedLM(model_cfg, pad_id=PAD_ID)
+        batch = masking.mask_batch(jax.random.PRNGKey(3), jnp.asarray(ids), mask_cfg)
+        other = masking.mask_batch(jax.random.PRNGKey(3), jnp.asarray(changed), mask_cfg)
+        np.testing.assert_array_equal(other.masked_idx, batch.masked_idx)
+        logits, inter = run(model, params, batch)
+        logits2, inter2 = run(model, params, other)
+        slot_docs = np.take_along_axis(segments, np.asarray(batch.masked_idx), axis=1)
+        outputs = [(np.asarray(logits), np.asarray(logits2), slot_docs)]
+        if objective == "mae_lm":
+            visible_docs = np.take_along_axis(segments, np.asarray(batch.visible_idx), axis=1)
+            encoded = inter["encoder_output"][0], inter2["encoder_output"][0]
+            outputs.append((np.asarray(encoded[0]), np.asarray(encoded[1]), visible_docs))
+        for before, after, docs in outputs:
+            others = (docs != 2) & (docs != 0)
+            assert (docs == 2).any() and others.sum() > 10
+            if packing == "segmented":
+                np.testing.assert_allclose(after[others], before[others], atol=1e-6, rtol=0)
+            else:
+                assert not np.allclose(after[others], before[others], atol=1e-4)
+            assert not np.allclose(after[docs == 2], before[docs == 2], atol=1e-4)
+
+
+def test_attention_dropout_is_active_in_training_and_off_in_eval():
+    off = dict(dropout_rate=0.0, decoder_dropout_rate=0.0)
+    model, params, batch = build("mae_lm", "self", **off, attention_dropout_rate=0.0)
+
+    def outputs(model, rng=None):
+        """(encoder output, logits) in training mode with `rng`, else in eval mode."""
+        logits, state = model.apply(
+            {"params": params},
+            batch.input_ids,
+            batch.masked_idx,
+            batch.visible_idx,
+            deterministic=rng is None,
+            segment_ids=batch.segment_ids,
+            rngs={} if rng is None else {"dropout": rng},
+            mutable=["intermediates"],
+        )
+        return np.asarray(state["intermediates"]["encoder_output"][0]), np.asarray(logits)
+
+    plain = outputs(model)
+    for got, want in zip(outputs(model, jax.random.PRNGKey(0)), plain, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)  # rate 0: nothing dropped
+    # (rates, which output attention dropout moves: 0 = encoder output, 1 = logits)
+    for rates, moved in (
+        (dict(attention_dropout_rate=0.3), 0),
+        (dict(attention_dropout_rate=0.0, decoder_attention_dropout_rate=0.3), 1),
+    ):
+        cfg = frozen(tiny_config("mae_lm", "self", SEQ, **off, **rates))[0]
+        dropped = MaskedLM(cfg, pad_id=PAD_ID)
+        for got, want in zip(outputs(dropped), plain, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-6)  # eval: no dropout
+        first = outputs(dropped, jax.random.PRNGKey(0))
+        second = outputs(dropped, jax.random.PRNGKey(1))
+        assert np.abs(first[moved] - plain[moved]).max() > 1e-4
+        assert np.abs(first[moved] - second[moved]).max() > 1e-4
+        if moved == 1:  # the decoder's rate leaves the encoder alone
+            np.testing.assert_allclose(first[0], plain[0], atol=1e-6)
