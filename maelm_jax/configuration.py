@@ -154,6 +154,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"model.mask_token_source={m.mask_token_source!r}; use one of {MASK_TOKEN_SOURCES}",
     )
     _require(
+        config.max_grad_norm >= 0,
+        f"max_grad_norm={config.max_grad_norm} must be >= 0 (0 turns clipping off)",
+    )
+    _require(
         config.packing in PACKINGS,
         f"packing={config.packing!r} is not allowed; use one of {PACKINGS}",
     )
