@@ -183,15 +183,40 @@ default_runtime_version() {
 
 # Compiles the config for the topology here, on this machine's CPU (libtpu, no TPU), and
 # stops the script unless it fits: nothing is created for a config that cannot run. Runs
-# under --dry-run too (it is local and free); the compile's report goes to stderr.
+# under --dry-run too (it is local and free). --compile_json=FILE takes the --json output of
+# an earlier `python -m maelm_jax.compile` for the same topology instead of compiling again.
 preflight() {
-  local n=${opt_num_slices:-1} status=0
-  local cmd=(python -m maelm_jax.compile "--config=$opt_config" "--topology=$opt_accelerator_type"
-    "--num_slices=$n" --flops=skip)
-  if [[ -n ${opt_hbm_bytes:-} ]]; then cmd+=("--hbm_bytes=$opt_hbm_bytes"); fi
-  cmd+=("${PASSTHROUGH[@]}")
-  if ((DRY_RUN)); then command_line "${cmd[@]}" >&3; fi
-  PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "${cmd[@]}" >&2 || status=$?
+  local n=${opt_num_slices:-1} status=0 report
+  if [[ -n ${opt_compile_json:-} ]]; then
+    report=$opt_compile_json
+    [[ -f $report ]] || die "--compile_json=$report: no such file"
+  else
+    report=$(mktemp)
+    local cmd=(python -m maelm_jax.compile "--config=$opt_config" "--topology=$opt_accelerator_type"
+      "--num_slices=$n" --flops=skip --json)
+    if [[ -n ${opt_hbm_bytes:-} ]]; then cmd+=("--hbm_bytes=$opt_hbm_bytes"); fi
+    cmd+=("${PASSTHROUGH[@]}")
+    if ((DRY_RUN)); then command_line "${cmd[@]}" >&3; fi
+    PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "${cmd[@]}" >"$report" 2>"$report.err" || status=$?
+  fi
+  # 0: fits; 1: the report says it does not; 2: no report (the compile's error is shown).
+  python3 - "$report" "$opt_accelerator_type" "$n" >&2 <<'PY' || status=$?
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit(2)
+if (r["topology"], r["num_slices"]) != (sys.argv[2], int(sys.argv[3])):
+    print(f"preflight: the report is for {r['num_slices']} x {r['topology']}, not "
+          f"{sys.argv[3]} x {sys.argv[2]}")
+    sys.exit(2)
+need, hbm = r["memory_per_chip_bytes"], r["hbm_per_chip_bytes"]
+need_s = "?" if need is None else f"{'>= ' if r['memory'] is None else ''}{need / 2**30:.2f} GiB"
+print(f"preflight: {r['num_slices']} x {r['topology']}, mesh {r['mesh_shape']}, batch "
+      f"{r['batch_size']} x {r['seq_len']}: {need_s} per chip of {hbm / 2**30:.2f} GiB HBM: "
+      + ("fits" if r["fits"] else "DOES NOT FIT"))
+sys.exit(0 if r["fits"] else 1)
+PY
   case $status in
     0) ;;
     1)
@@ -199,8 +224,9 @@ preflight() {
       exit 1
       ;;
     *)
-      echo "$(basename "$0"): preflight: could not compile $opt_config for $opt_accelerator_type (exit $status); refusing to create anything" >&2
-      exit "$status"
+      if [[ -f $report.err ]]; then tail -n 5 "$report.err" >&2; fi
+      echo "$(basename "$0"): preflight: could not judge $opt_config on $n x $opt_accelerator_type; refusing to create anything" >&2
+      exit 2
       ;;
   esac
 }

@@ -4,14 +4,14 @@
 # and fits in HBM on the TPU type; create.sh and watch.sh run it before creating anything.
 #
 #   launch/preflight.sh --config=configs/mae_lm_large.py --accelerator_type=v5p-64
-#       [--num_slices=1] [--hbm_bytes=B] [--dry-run] [-- --config.key=value ...]
+#       [--num_slices=1] [--hbm_bytes=B] [--compile_json=FILE] [--dry-run] [-- --config.key=value ...]
 #
 # Exit status: 0 fits, 1 does not fit, 2 bad arguments or the compile failed.
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-parse_flags "config accelerator_type num_slices hbm_bytes" "" "$@"
+parse_flags "config accelerator_type num_slices hbm_bytes compile_json" "" "$@"
 require config accelerator_type
 preflight
 echo "preflight: $opt_config fits on ${opt_num_slices:-1} x $opt_accelerator_type" >&2

@@ -9,14 +9,14 @@
 #   launch/watch.sh --name=NAME --zone=ZONE --accelerator_type=v5p-64
 #       --config=configs/mae_lm_large.py --workdir=gs://BUCKET/RUN [--mode=spot]
 #       [--num_slices=N] [--runtime_version=V] [--revision=REV --repo_url=URL]
-#       [--poll_s=300] [--project=P] [--hbm_bytes=B] [--dry-run] [-- --config.key=value]
+#       [--poll_s=300] [--project=P] [--hbm_bytes=B] [--compile_json=FILE] [--dry-run] [-- --config.key=value]
 #
 # Under --dry-run it prints one pass of each branch.
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-parse_flags "name zone project accelerator_type config workdir mode num_slices runtime_version revision repo_url poll_s hbm_bytes" \
+parse_flags "name zone project accelerator_type config workdir mode num_slices runtime_version revision repo_url poll_s hbm_bytes compile_json" \
   "" "$@"
 require name zone accelerator_type config workdir
 # shellcheck disable=SC2034  # read by create_tpu and delete_tpu (lib.sh)

@@ -33,12 +33,19 @@ case $action in
 esac
 parse_flags "expect_devices workdir config timeout_s logdir duration_ms port" "" "$@"
 
+alive() {
+  # The process exists and is not a zombie (exited, not yet reaped by its parent).
+  local stat
+  stat=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [[ $stat != Z* ]]
+}
+
 running_pid() {
   # The recorded PID, if that process still runs.
   local pid
   [[ -f $rundir/pid ]] || return 1
   pid=$(<"$rundir/pid")
-  kill -0 "$pid" 2>/dev/null || return 1
+  alive "$pid" || return 1
   echo "$pid"
 }
 
@@ -112,10 +119,10 @@ sys.exit(0 if n == want else 1)' "$opt_expect_devices"
     run kill -TERM "$pid"
     ((DRY_RUN)) && exit 0
     for ((i = 0; i < ${opt_timeout_s:-900}; i++)); do
-      kill -0 "$pid" 2>/dev/null || break
+      alive "$pid" || break
       sleep 1
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       echo "$(hostname): pid $pid still runs after ${opt_timeout_s:-900}s" >&2
       exit 1
     fi
