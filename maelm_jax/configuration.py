@@ -11,6 +11,8 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
+from maelm_jax import paths
+
 OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
@@ -231,13 +233,11 @@ class DataConfig:
     tokenizer_train_documents: int
 
 
-def data_config(config: "ml_collections.ConfigDict | DataConfig") -> DataConfig:
+def data_config(config: ml_collections.ConfigDict | DataConfig) -> DataConfig:
     """Freezes the data keys of `config`; a DataConfig passes through unchanged, so the data
     modules' entry points accept either and read only the frozen fields inside."""
     if isinstance(config, DataConfig):
         return config
-    from maelm_jax import paths  # imports etils; configuration itself stays light
-
     return DataConfig(
         dataset=config.dataset,
         data_dir=paths.resolve(config.data_dir) if config.data_dir else None,
