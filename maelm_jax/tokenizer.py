@@ -186,7 +186,7 @@ def load_or_train(
     fails, every process raises.
     """
     if config.vocab_path:
-        path = epath.Path(config.vocab_path)
+        path = paths.path(config.vocab_path)
         if not path.exists():
             raise ConfigError(
                 f"vocab_path={config.vocab_path!r} does not exist; give a SentencePiece .model "
