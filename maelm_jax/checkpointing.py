@@ -28,7 +28,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from maelm_jax import multihost
+from maelm_jax import multihost, paths
 from maelm_jax.configuration import ConfigError
 from maelm_jax.tokenizer import Tokenizer
 from maelm_jax.train_state import TrainState
@@ -118,7 +118,7 @@ def check_params_match(saved_params, model_params, where: str) -> None:
 
 def absolute(path) -> epath.Path:
     """Orbax wants absolute paths; a relative local workdir is taken from the current dir."""
-    path = epath.Path(path)
+    path = paths.path(path)  # file:// URLs too
     return path if "://" in os.fspath(path) else epath.Path(os.path.abspath(os.fspath(path)))
 
 

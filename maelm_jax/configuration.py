@@ -11,6 +11,8 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
+from maelm_jax import paths
+
 OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
@@ -235,4 +237,49 @@ def masking_config(
         packing=config.packing,
         special_ids=tuple(special_ids),
         first_regular_id=first_regular_id,
+    )
+
+
+# --- The data side: what documents, packing, the input pipeline and the tokenizer read. ---
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The data keys of the run's config, frozen; paths already through `paths.resolve`
+    (`file://` URLs become local paths, gs:// stays)."""
+
+    dataset: str
+    data_dir: str | None  # None: TFDS's default
+    train_split: str
+    eval_split: str
+    eval_holdout_fraction: float
+    max_documents: int
+    seq_len: int
+    batch_size: int  # global rows per step
+    eval_batches: int
+    seed: int
+    vocab_path: str | None
+    vocab_size: int
+    tokenizer_train_documents: int
+
+
+def data_config(config: ml_collections.ConfigDict | DataConfig) -> DataConfig:
+    """Freezes the data keys of `config`; a DataConfig passes through unchanged, so the data
+    modules' entry points accept either and read only the frozen fields inside."""
+    if isinstance(config, DataConfig):
+        return config
+    return DataConfig(
+        dataset=config.dataset,
+        data_dir=paths.resolve(config.data_dir) if config.data_dir else None,
+        train_split=config.train_split,
+        eval_split=config.eval_split,
+        eval_holdout_fraction=config.eval_holdout_fraction,
+        max_documents=config.max_documents,
+        seq_len=config.seq_len,
+        batch_size=config.batch_size,
+        eval_batches=config.eval_batches,
+        seed=config.seed,
+        vocab_path=paths.resolve(config.vocab_path) if config.vocab_path else None,
+        vocab_size=config.vocab_size,
+        tokenizer_train_documents=config.tokenizer_train_documents,
     )

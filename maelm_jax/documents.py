@@ -1,9 +1,11 @@
 """The documents a process reads: its share of the corpus, with eval held out.
 
-Sources, by `config.dataset`:
+Sources, by `DataConfig.dataset` (`configuration.data_config`; every entry point also takes the
+run's ConfigDict and freezes it first):
 
 * a TFDS name ("wikipedia/20230601.en"): read from `config.data_dir`, already prepared;
-* "text:<glob>": local or gs:// text files, documents separated by blank lines;
+* "text:<glob>": local or gs:// text files, documents separated by blank lines; each process
+  reads only its files (see `_text_documents`);
 * "python_docs": the embedded corpus (`maelm_jax.default_corpus`), prepared on first use.
 
 Each process reads a disjoint share, so no document is tokenized or trained on twice. Eval
@@ -20,13 +22,12 @@ import os
 from collections.abc import Callable, Iterator
 
 import jax
-import ml_collections
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from jax.experimental import multihost_utils
 
 from maelm_jax import default_corpus
-from maelm_jax.configuration import ConfigError
+from maelm_jax.configuration import ConfigError, DataConfig, data_config
 
 TEXT_PREFIX = "text:"
 SPLIT_KINDS = ("train", "eval")
@@ -46,12 +47,18 @@ def _share_of_cap(max_documents: int, process_index: int, process_count: int) ->
 
 
 def _text_documents(pattern: str, process_index: int, process_count: int) -> Iterator[str]:
-    """Documents of the files matching `pattern` (sorted), dealt round-robin to processes.
+    """This process's documents of the files matching `pattern` (sorted).
 
-    Every process scans every file, keeping only its documents: fine for the local corpora
-    this source is for; large corpora belong in TFDS, where each host reads only its shard.
+    With at least as many files as processes, each process reads only its files (file i goes
+    to process i % process_count), so no host scans the others' text. With fewer files than
+    processes, every process scans every file and keeps every process_count-th document
+    (round-robin): all processes still get documents, at the price of each reading it all.
     """
     files = _glob(pattern)
+    if len(files) >= process_count:
+        files, keep = files[process_index::process_count], None
+    else:
+        keep = process_index
     index = 0
     for path in files:
         lines: list[str] = []
@@ -62,7 +69,7 @@ def _text_documents(pattern: str, process_index: int, process_count: int) -> Ite
                     lines.append(line.rstrip("\r\n"))
                     continue
                 if lines:
-                    if index % process_count == process_index:
+                    if keep is None or index % process_count == keep:
                         yield "\n".join(lines).strip()
                     index += 1
                     lines = []
@@ -82,7 +89,7 @@ def _glob(pattern: str) -> list[str]:
     return sorted(files)
 
 
-def _tfds_builder(config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+def _tfds_builder(config: DataConfig) -> tfds.core.DatasetBuilder:
     """The dataset's builder, prepared; for `python_docs` preparing it first if needed."""
     name = config.dataset
     if name == default_corpus.NAME:
@@ -120,11 +127,11 @@ def _text_feature(builder: tfds.core.DatasetBuilder) -> str:
 
 
 def _tfds_documents(
-    config: ml_collections.ConfigDict, split_key: str, process_index: int, process_count: int
+    config: DataConfig, split_key: str, process_index: int, process_count: int
 ) -> Iterator[str]:
     """This process's contiguous `tfds.even_splits` part of the split, in file order."""
     builder = _tfds_builder(config)
-    split = config[split_key]
+    split = getattr(config, split_key)
     if any(part.split("[")[0].strip() not in builder.info.splits for part in split.split("+")):
         raise ConfigError(
             f"{split_key}={split!r} is not a split of dataset={config.dataset!r}; "
@@ -138,12 +145,12 @@ def _tfds_documents(
 
 
 def _source_documents(
-    config: ml_collections.ConfigDict, split_key: str, process_index: int, process_count: int
+    config: DataConfig, split_key: str, process_index: int, process_count: int
 ) -> Iterator[str]:
     if config.dataset.startswith(TEXT_PREFIX):
-        if config[split_key] != "train":
+        if getattr(config, split_key) != "train":
             raise ConfigError(
-                f"{split_key}={config[split_key]!r} is not allowed for dataset="
+                f"{split_key}={getattr(config, split_key)!r} is not allowed for dataset="
                 f"{config.dataset!r}: text files have one split, 'train' (leave eval_split "
                 "empty to hold out eval_holdout_fraction of it)"
             )
@@ -162,13 +169,14 @@ def _started(docs: Iterator[str]) -> Iterator[str] | None:
 
 
 def read_documents(
-    config: ml_collections.ConfigDict, split_kind: str, process_index: int, process_count: int
+    config: DataConfig, split_kind: str, process_index: int, process_count: int
 ) -> Iterator[str]:
     """This process's documents of the 'train' or 'eval' split, in a fixed order.
 
     Shares of different processes are disjoint and together cover the split. Raises
     ConfigError now (not at the first `next`) for an unknown dataset, split or glob.
     """
+    config = data_config(config)
     if split_kind not in SPLIT_KINDS:
         raise ValueError(f"split_kind={split_kind!r}; use one of {SPLIT_KINDS}")
     if not 0 <= process_index < process_count:
@@ -186,10 +194,11 @@ def read_documents(
     return _started(docs) or iter(())
 
 
-def prepare_dataset(config: ml_collections.ConfigDict, process_index: int) -> None:
+def prepare_dataset(config: DataConfig, process_index: int) -> None:
     """Prepares the embedded corpus if `config.dataset` is it. Collective: every process
     calls it; process 0 prepares first, so processes sharing a data_dir never race, and the
     others then prepare their own copy only if their data_dir is not shared."""
+    config = data_config(config)
     if config.dataset != default_corpus.NAME:
         return
     if process_index == 0:
@@ -199,12 +208,11 @@ def prepare_dataset(config: ml_collections.ConfigDict, process_index: int) -> No
     default_corpus.builder(config.data_dir)
 
 
-def documents_fn(
-    config: ml_collections.ConfigDict, process_index: int
-) -> Callable[[], Iterator[str]]:
+def documents_fn(config: DataConfig, process_index: int) -> Callable[[], Iterator[str]]:
     """What `tokenizer.load_or_train` trains on: all training documents (eval held out), as
     one process reads them. Collective (it prepares the dataset); the returned function is
     called by process 0 alone."""
+    config = data_config(config)
     prepare_dataset(config, process_index)
 
     def documents() -> Iterator[str]:

@@ -9,12 +9,11 @@ the batches an uninterrupted run would have seen.
 import dataclasses
 import os
 
-import ml_collections
 import numpy as np
 from absl import logging
 
 from maelm_jax.batches import TrainBatches, eval_batches
-from maelm_jax.configuration import ConfigError
+from maelm_jax.configuration import ConfigError, DataConfig, data_config
 from maelm_jax.documents import prepare_dataset
 from maelm_jax.packing import packed_blocks
 from maelm_jax.tokenizer import PAD_ID, Tokenizer
@@ -33,8 +32,9 @@ class Datasets:
     eval_tokens: int
 
 
-def local_batch_size(config: ml_collections.ConfigDict, process_count: int) -> int:
+def local_batch_size(config: DataConfig, process_count: int) -> int:
     """Rows per process; ConfigError unless `config.batch_size` splits evenly."""
+    config = data_config(config)
     if config.batch_size % process_count:
         raise ConfigError(
             f"batch_size={config.batch_size} is not divisible by the process count "
@@ -48,14 +48,16 @@ def _non_pad_tokens(blocks: np.ndarray) -> int:
 
 
 def create_datasets(
-    config: ml_collections.ConfigDict,
+    config: DataConfig,
     workdir: str | os.PathLike,
     tokenizer: Tokenizer,
     process_index: int,
     process_count: int,
 ) -> Datasets:
     """Reads, tokenizes, packs and caches this process's share, once per workdir; a resumed
-    run loads the cache. Collective: every process calls it (it may prepare the dataset)."""
+    run loads the cache. Collective: every process calls it (it may prepare the dataset).
+    `config` is the run's DataConfig (a ConfigDict is frozen into one first)."""
+    config = data_config(config)
     batch_size = local_batch_size(config, process_count)
     if not config.eval_split and config.eval_batches > 0 and config.eval_holdout_fraction <= 0:
         raise ConfigError(

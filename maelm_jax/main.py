@@ -25,6 +25,9 @@ flags.DEFINE_integer("process_id", None, "This process's index (manual multi-pro
 flags.DEFINE_string(
     "cpu_collectives", "gloo", "CPU collectives for multi-process CPU runs ('gloo' or 'mpi')."
 )
+flags.DEFINE_integer(
+    "profiler_port", 0, "If > 0, serve jax.profiler here, so traces can be captured on demand."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -54,6 +57,8 @@ def main(argv):
     metric_logging.quiet_library_logs()
     silence_writes_after_a_failed_save()
     initialize_distributed()
+    if FLAGS.profiler_port:
+        jax.profiler.start_server(FLAGS.profiler_port)  # launch/profile.sh captures from it
     logging.info(
         "Process %d of %d; local devices: %s",
         jax.process_index(),

@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
 
+from maelm_jax import paths
+from maelm_jax.configuration import DataConfig, data_config
 from maelm_jax.documents import read_documents
 from maelm_jax.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -119,7 +120,7 @@ def _save_blocks(path: epath.Path, blocks: np.ndarray) -> None:
 
 
 def packed_blocks(
-    config: ml_collections.ConfigDict,
+    config: DataConfig,
     workdir: str | os.PathLike,
     tokenizer: Tokenizer,
     split_kind: str,
@@ -132,6 +133,7 @@ def packed_blocks(
     The cache is keyed by everything that changes the blocks except the source's content:
     a workdir trusts its corpus not to change under it.
     """
+    config = data_config(config)
     key = {
         "format": _CACHE_FORMAT,
         "dataset": config.dataset,
@@ -146,7 +148,7 @@ def packed_blocks(
         "process_count": process_count,
         "max_blocks": max_blocks,
     }
-    path = _cache_path(epath.Path(workdir), key)
+    path = _cache_path(paths.path(workdir), key)
     if path.exists():
         return _load_blocks(path)
     documents = read_documents(config, split_kind, process_index, process_count)

@@ -39,8 +39,8 @@ from etils import epath
 from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
-from maelm_jax import multihost
-from maelm_jax.configuration import ConfigError
+from maelm_jax import multihost, paths, prepared
+from maelm_jax.configuration import ConfigError, data_config
 
 BOS_ID = 0
 PAD_ID = 1
@@ -242,7 +242,8 @@ def load_or_train(
     documents_fn: Callable[[], Iterable[str]],
 ) -> Tokenizer:
     """The run's tokenizer: `config.vocab_path` if set, else `WORKDIR/tokenizer.model` (a
-    resumed run reuses it), else one trained now and saved there.
+    resumed run reuses it), else the one `maelm_jax.prepare_data` stored next to the data
+    (copied there), else one trained now and saved there.
 
     Collective: every process calls it. Process 0 trains on the first
     `config.tokenizer_train_documents` documents of `documents_fn()` while the others wait,
@@ -250,7 +251,7 @@ def load_or_train(
     fails, every process raises.
     """
     if config.vocab_path:
-        path = epath.Path(config.vocab_path)
+        path = paths.path(config.vocab_path)
         if not path.exists():
             raise ConfigError(
                 f"vocab_path={config.vocab_path!r} does not exist; give a SentencePiece .model "
@@ -258,7 +259,11 @@ def load_or_train(
             )
         return Tokenizer.from_path(path)
 
-    path = epath.Path(workdir) / MODEL_FILENAME
+    path = paths.path(workdir) / MODEL_FILENAME
+    ready = prepared.tokenizer_path(data_config(config))
+    if jax.process_index() == 0 and not path.exists() and ready.exists():
+        _write_atomically(path, ready.read_bytes())
+        logging.info("Using the prepared tokenizer %s (copied to %s)", ready, path)
     error = None
     if jax.process_index() == 0 and not path.exists():
         try:

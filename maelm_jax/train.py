@@ -9,7 +9,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 from clu import periodic_actions
-from etils import epath
 
 from maelm_jax import (
     batches,
@@ -18,6 +17,7 @@ from maelm_jax import (
     input_pipeline,
     metric_logging,
     multihost,
+    paths,
     programs,
     sharding,
 )
@@ -164,7 +164,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     # (the default in current JAX; pinned because the data path relies on it).
     jax.config.update("jax_threefry_partitionable", True)
     configuration.validate(config)
-    workdir = epath.Path(workdir)
+    workdir = paths.path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     process_index, process_count = jax.process_index(), jax.process_count()
 
@@ -174,12 +174,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     logging.info("Mesh %s over %d processes", dict(mesh.shape), process_count)
 
     # --- Input: the tokenizer (trained once per workdir) and this process's share. ---
-    documents = documents_lib.documents_fn(config, process_index)
-    tokenizer = tokenizer_lib.load_or_train(config, workdir, documents)
+    data_config = configuration.data_config(config)
+    documents = documents_lib.documents_fn(data_config, process_index)
+    tokenizer = tokenizer_lib.load_or_train(data_config, workdir, documents)
     data, error = None, None
     try:
         data = input_pipeline.create_datasets(
-            config, workdir, tokenizer, process_index, process_count
+            data_config, workdir, tokenizer, process_index, process_count
         )
     except ConfigError as e:  # maybe on this process only: its share may be empty
         error = e

@@ -1,0 +1,150 @@
+"""prepare_data: tokenizer and statistics next to the data, built once (also by two processes
+at once), found by training, which then builds nothing; file:// paths; each host reads only
+its own text files."""
+
+import collections
+import json
+import logging
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from text_corpora import sample_document, write_corpus
+from tiny_configs import REPO_ROOT, tiny_run_config
+
+from maelm_jax import metric_logging, prepare_data, prepared, train
+from maelm_jax.configuration import data_config
+from maelm_jax.documents import read_documents
+from maelm_jax.packing import pack_documents
+from maelm_jax.tokenizer import MODEL_FILENAME, Tokenizer
+
+VOCAB = 400  # python_docs needs more than 344 pieces (bytes, specials, its characters)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    docs = [sample_document(i) for i in range(120)]
+    return write_corpus(tmp_path_factory.mktemp("corpus"), docs, files=3)
+
+
+def _files(directory) -> dict[str, int]:
+    """Every file under `directory` with its mtime in ns."""
+    return {
+        os.path.join(root, name): os.stat(os.path.join(root, name)).st_mtime_ns
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
+
+
+def _check_statistics(report: dict, config) -> None:
+    """The report against an independent count with the stored tokenizer and the packer."""
+    tokenizer = Tokenizer.from_path(report["tokenizer"])
+    assert tokenizer.fingerprint == report["tokenizer_sha256"]
+    docs = list(read_documents(config, "train", 0, 1))
+    ids = [tokenizer.encode(d) for d in docs]
+    counts = collections.Counter(i for doc in ids for i in doc)
+    p = np.array(list(counts.values())) / counts.total()
+    assert report["documents"] == len(docs) > 0
+    assert report["tokens"] == counts.total()
+    assert report["blocks"] == len(pack_documents(ids, config.seq_len))
+    assert report["unigram_entropy_bits"] == pytest.approx(-(p * np.log2(p)).sum())
+
+
+def test_text_glob_is_prepared_once(corpus, tmp_path):
+    config = data_config(tiny_run_config(corpus, data_dir=str(tmp_path), vocab_size=VOCAB))
+    report = prepare_data.prepare(config)
+    assert report["built"]
+    directory = prepared.directory(config)
+    assert report["prepared_dir"] == str(directory)
+    assert str(directory).startswith(str(tmp_path))
+    stored = json.loads((directory / prepared.STATISTICS_FILENAME).read_text())
+    assert {k: report[k] for k in stored} == stored
+    _check_statistics(report, config)
+    table = prepare_data.format_report(report)
+    assert f"blocks of {config.seq_len}" in table and "bits/token" in table
+
+    before = _files(tmp_path)
+    again = prepare_data.prepare(config)
+    assert not again["built"]
+    assert _files(tmp_path) == before  # nothing rewritten, nothing added
+    assert {k: v for k, v in again.items() if k != "built"} == {
+        k: v for k, v in report.items() if k != "built"
+    }
+
+
+def test_two_processes_at_once_build_it_once_on_the_embedded_corpus(tmp_path_factory):
+    """Two real `prepare_data` processes on `python_docs`, data_dir given as a file:// URL."""
+    data_dir = tmp_path_factory.getbasetemp() / "python_docs_data"  # shared with other tests
+    overrides = dict(max_documents=120, vocab_size=VOCAB)
+    config_file = tmp_path_factory.mktemp("config") / "data_config.py"
+    config_file.write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+        "from tiny_configs import tiny_run_config\n\n\n"
+        f"def get_config():\n    return tiny_run_config('python_docs', **{overrides!r})\n"
+    )
+    command = [
+        sys.executable, "-m", "maelm_jax.prepare_data", f"--config={config_file}",
+        f"--data_dir=file://{data_dir}", "--json",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    runs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        for _ in range(2)
+    ]
+    reports = []
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err.decode()[-2000:]
+        reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+    assert sorted(r["built"] for r in reports) == [False, True]
+    assert {k: v for k, v in reports[0].items() if k != "built"} == {
+        k: v for k, v in reports[1].items() if k != "built"
+    }
+    config = data_config(tiny_run_config("python_docs", data_dir=str(data_dir), **overrides))
+    assert (data_dir / "python_docs").is_dir()  # the TFDS dataset, prepared
+    prepared_dir = prepared.directory(config)
+    assert reports[0]["prepared_dir"] == str(prepared_dir)  # the file:// URL, resolved
+    assert not list((prepared_dir / prepared.CLAIMS_DIRNAME).iterdir())
+    assert sorted(p.name for p in prepared_dir.iterdir() if not p.name.startswith(".")) == [
+        prepared.STATISTICS_FILENAME,
+        prepared.TOKENIZER_FILENAME,
+    ]
+    assert reports[0]["documents"] <= 120
+    _check_statistics(reports[0], config)
+
+
+def test_training_on_prepared_data_through_file_urls_builds_nothing(corpus, tmp_path, caplog):
+    data_dir, workdir = tmp_path / "data", tmp_path / "work"
+    overrides = dict(vocab_size=VOCAB, num_train_steps=1, eval_batches=0)
+    ready = prepare_data.prepare(
+        data_config(tiny_run_config(corpus, data_dir=str(data_dir), **overrides))
+    )
+    caplog.set_level(logging.INFO)
+    config = tiny_run_config(
+        corpus, data_dir=f"file://{data_dir}", checkpoint_every_steps=1, **overrides
+    )
+    train.train_and_evaluate(config, f"file://{workdir}")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("Using the prepared tokenizer") for m in messages)
+    assert not any(m.startswith("Trained a") for m in messages)  # no tokenizer training
+    prepared_model = pathlib.Path(ready["tokenizer"])
+    assert prepared_model.is_relative_to(data_dir)
+    assert (workdir / MODEL_FILENAME).read_bytes() == prepared_model.read_bytes()
+    assert (workdir / "checkpoints" / "1").is_dir()
+    assert max(metric_logging.read_metrics(workdir)) == 1
+
+
+def test_each_host_reads_only_its_text_files(tmp_path):
+    docs = [sample_document(i) for i in range(30)]
+    config = tiny_run_config(write_corpus(tmp_path, docs, files=3), eval_holdout_fraction=0.0)
+    per_file = [docs[0:10], docs[10:20], docs[20:30]]
+    shares = [list(read_documents(config, "train", i, 2)) for i in range(2)]
+    assert shares == [per_file[0] + per_file[2], per_file[1]]
+    # Fewer files than hosts: every host scans every file and keeps every 4th document.
+    shares = [list(read_documents(config, "train", i, 4)) for i in range(4)]
+    assert shares == [docs[i::4] for i in range(4)]
+    assert math.fsum(len(s) for s in shares) == len(docs)
