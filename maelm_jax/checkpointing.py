@@ -215,16 +215,21 @@ class Checkpointer:
             enable_async_checkpointing=True,
             async_options=ocp.AsyncOptions(post_finalization_callback=self._before_commit),
         )
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "data": ocp.JsonCheckpointHandler(),
-                "config": ocp.JsonCheckpointHandler(),
-                "tokenizer": ocp.JsonCheckpointHandler(),
-            },
-        )
+        try:
+            self.manager = ocp.CheckpointManager(
+                self.directory,
+                options=options,
+                item_handlers={
+                    "state": ocp.StandardCheckpointHandler(),
+                    "data": ocp.JsonCheckpointHandler(),
+                    "config": ocp.JsonCheckpointHandler(),
+                    "tokenizer": ocp.JsonCheckpointHandler(),
+                },
+            )
+        except (OSError, ValueError) as e:  # not a directory, not writable, not listable
+            raise CheckpointSaveError(
+                f"cannot keep checkpoints in {self.directory}: {_first_line(e)}"
+            ) from e
         self._config_json = json.loads(config.to_json_best_effort())
         self._tokenizer_json = {
             "sentencepiece_model_base64": base64.b64encode(tokenizer.serialized()).decode(),

@@ -12,6 +12,7 @@ alive after its last line, and a hung host of a pod is worse than a dead one. Im
 light here so that bad flags are answered before jax or TensorFlow load.
 """
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -30,10 +31,8 @@ CONFIG_FLAG = "config"
 def exit_now(status: int, message: str | None = None, prog: str = "maelm_jax") -> NoReturn:
     """Flushes logs and output, prints `prog: error: message` last, and ends the process
     whatever threads are still running."""
-    try:
+    with contextlib.suppress(Exception):  # exiting anyway
         logging.flush()
-    except Exception:  # noqa: BLE001 - exiting anyway
-        pass
     sys.stdout.flush()
     if message is not None:
         sys.stderr.write(f"{prog}: error: {' '.join(str(message).split())}\n")
