@@ -99,7 +99,7 @@ def _wrong_type(config, error: flags.Error) -> str:
     return f"{text}; {CONFIG_FLAG}.{name} takes a {type(node).__name__} (now {node!r})"
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], prog: str = "maelm_jax") -> list[str]:
     """absl's flag parsing, with every failure one line and exit status 2."""
     config, path = None, _config_path(argv)
     try:
@@ -112,11 +112,11 @@ def parse_flags(argv: list[str]) -> list[str]:
         if CONFIG_FLAG in flags.FLAGS:
             _ = flags.FLAGS[CONFIG_FLAG].value  # loads it now, inside this handler
     except ConfigError as e:
-        exit_now(EXIT_USAGE, str(e))
+        exit_now(EXIT_USAGE, str(e), prog)
     except flags.Error as e:
-        exit_now(EXIT_USAGE, f"{_wrong_type(config, e)} (see --helpfull)")
+        exit_now(EXIT_USAGE, f"{_wrong_type(config, e)} (see --helpfull)", prog)
     except Exception as e:  # ml_collections' own errors: unknown keys, bad files
-        exit_now(EXIT_USAGE, f"bad flags ({type(e).__name__}: {e})")
+        exit_now(EXIT_USAGE, f"bad flags ({type(e).__name__}: {e})", prog)
     return rest
 
 
@@ -140,7 +140,7 @@ def run(
             if e.code in (None, 0):
                 raise
             if isinstance(e.code, int):
-                exit_now(e.code)
+                exit_now(e.code, None, prog)
             exit_now(1, str(e.code).removeprefix(f"{prog}: error: "), prog)
         except KeyboardInterrupt:
             exit_now(130, "interrupted", prog)
@@ -150,5 +150,5 @@ def run(
         if status:
             exit_now(int(status))
 
-    app.run(guarded, flags_parser=parse_flags)
+    app.run(guarded, flags_parser=lambda argv: parse_flags(argv, prog))
     raise AssertionError("app.run returned")
