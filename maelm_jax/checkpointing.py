@@ -174,6 +174,12 @@ def problem_with(step_dir: epath.Path) -> str | None:
     """Why a committed-looking step cannot be trusted, or None if its files are all there."""
     if not (step_dir / ORBAX_COMMIT).exists():
         return f"no {ORBAX_COMMIT}: the save never finished"
+    orbax_metadata = step_dir / "_CHECKPOINT_METADATA"  # rewritten at commit: not listed
+    if orbax_metadata.exists():
+        try:
+            json.loads(orbax_metadata.read_text())
+        except ValueError as e:  # UnicodeDecodeError included
+            return f"unreadable _CHECKPOINT_METADATA ({_first_line(e)})"
     manifest = step_dir / MANIFEST
     if not manifest.exists():
         return f"no {MANIFEST}: the save was not confirmed complete"

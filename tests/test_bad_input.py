@@ -177,15 +177,17 @@ def test_a_workdir_that_is_a_file_is_one_line(corpus, unchanged):
 
 
 def test_an_unwritable_checkpoint_directory_exits_at_once(corpus, earlier_run, tmp_path):
-    """`checkpoints` is a regular file (chmod cannot stop root): Orbax fails to create it
-    and the process, whatever threads are left, exits with the one line."""
+    """`checkpoints` is a regular file (chmod cannot stop root): the first save fails while
+    Orbax's threads run, and the process still exits at once with the one line."""
     workdir = tmp_path / "run"
     workdir.mkdir()
     (workdir / "checkpoints").write_text("not a directory")
     vocab = earlier_run[0] / tokenizer_lib.MODEL_FILENAME
-    args = rh.main_command(config_of(corpus, vocab_path=str(vocab)), workdir)[2:]
-    result = run_command(args, timeout=180)
-    assert_one_line_error(result, INVALID, f"cannot keep checkpoints in {workdir / 'checkpoints'}")
+    config = config_of(corpus, vocab_path=str(vocab), checkpoint_every_steps=1)
+    result = run_command(rh.main_command(config, workdir)[2:], timeout=180)
+    assert_one_line_error(
+        result, INVALID, "saving checkpoint", f"Not a directory: '{workdir / 'checkpoints'}'"
+    )
     assert not (workdir / workdir_lease.LEASE_FILENAME).exists()
 
 
