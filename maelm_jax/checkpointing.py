@@ -221,7 +221,10 @@ class Checkpointer:
             enable_async_checkpointing=True,
             async_options=ocp.AsyncOptions(post_finalization_callback=self._before_commit),
         )
-        try:
+        try:  # before Orbax's threads start, which would report it from the background
+            if self.directory.exists() and not self.directory.is_dir():
+                raise NotADirectoryError(f"{self.directory} is a file, not a directory")
+            self.directory.mkdir(parents=True, exist_ok=True)
             self.manager = ocp.CheckpointManager(
                 self.directory,
                 options=options,

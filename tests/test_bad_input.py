@@ -177,16 +177,17 @@ def test_a_workdir_that_is_a_file_is_one_line(corpus, unchanged):
 
 
 def test_an_unwritable_checkpoint_directory_exits_at_once(corpus, earlier_run, tmp_path):
-    """`checkpoints` is a regular file (chmod cannot stop root): the first save fails while
-    Orbax's threads run, and the process still exits at once with the one line."""
+    """`checkpoints` is a regular file (chmod cannot stop root): one line, before Orbax
+    starts the threads that would report it again and keep the process alive."""
     workdir = tmp_path / "run"
     workdir.mkdir()
     (workdir / "checkpoints").write_text("not a directory")
     vocab = earlier_run[0] / tokenizer_lib.MODEL_FILENAME
-    config = config_of(corpus, vocab_path=str(vocab), checkpoint_every_steps=1)
+    config = config_of(corpus, vocab_path=str(vocab))
     result = run_command(rh.main_command(config, workdir)[2:], timeout=180)
+    checkpoints = workdir / "checkpoints"
     assert_one_line_error(
-        result, INVALID, "saving checkpoint", f"Not a directory: '{workdir / 'checkpoints'}'"
+        result, INVALID, f"cannot keep checkpoints in {checkpoints}", "is a file, not a directory"
     )
     assert not (workdir / workdir_lease.LEASE_FILENAME).exists()
 
