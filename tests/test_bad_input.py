@@ -20,8 +20,9 @@ from process_runs import process_env
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
+from maelm_jax import documents, workdir_lease
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax import workdir_lease
+from maelm_jax.configuration import ConfigError
 
 STEPS = 24
 
@@ -212,8 +213,8 @@ def test_compile_bad_flags_are_one_line(case):
 BENCH_CASES = {
     "unknown_command": (["nope"], ["usage: python -m maelm_jax.bench {flops|speed|checkpoint}"]),
     "unknown_config": (["flops", "--configs=nope"], ["--configs names a config that is not in"]),
-    "negative_batch": (["speed", "--batch_size=-8"], ["--batch_size=-8", ">= 1"]),
-    "zero_steps": (["speed", "--steps=0"], ["--steps=0", ">= 1"]),
+    # --steps=0 and --seq_len=1 are refused by the same flag bounds.
+    "negative_batch": (["speed", "--batch_size=-8"], ["--batch_size=-8", "not a positive integer"]),
 }
 
 
@@ -222,3 +223,38 @@ def test_bench_bad_flags_are_one_line(case):
     extra, fragments = BENCH_CASES[case]
     result = run_command(["maelm_jax.bench", *extra])
     assert_one_line_error(result, 2, *fragments, prog="maelm_jax.bench")
+
+
+# --- Input files, in-process: the ConfigError is the one line `main` prints (above) --------
+
+
+def test_a_text_file_that_is_not_utf8_is_named_with_its_line_and_byte(tmp_path):
+    (tmp_path / "a.txt").write_text("Plain text.\n\nMore plain text.\n")
+    (tmp_path / "b.txt").write_bytes("Fine line.\nCaf\u00e9 in Latin-1.\n".encode("latin-1"))
+    config = config_of(f"text:{tmp_path}/*.txt")
+    with pytest.raises(ConfigError) as error:
+        list(documents.read_documents(config, "train", 0, 1))
+    assert str(error.value).startswith(
+        f"{tmp_path / 'b.txt'}: line 2 is not UTF-8 (invalid continuation byte: byte 0xe9 at "
+        "column 4); text files must be UTF-8"
+    )
+
+
+def test_one_enormous_line_is_cut_into_pieces_the_trainer_accepts():
+    words = " ".join(f"word{i % 500}" for i in range(20_000))  # ~170k characters, one line
+    assert len(words) > 10 * tokenizer_lib._MAX_SENTENCE_CHARS
+    pieces = list(tokenizer_lib._sentences([words]))
+    assert "".join(pieces) == words
+    assert all(len(p) <= tokenizer_lib._MAX_SENTENCE_CHARS for p in pieces)
+    assert all(p.endswith(" ") for p in pieces[:-1])  # cut after a space, never in a word
+    model = tokenizer_lib.Tokenizer(tokenizer_lib.train([words], 300))
+    assert model.decode(model.encode("word7 word8")) == "word7 word8"
+
+
+@pytest.mark.parametrize("kind", ["a directory", "an empty file"])
+def test_a_vocab_path_that_is_no_model_file_is_one_line(tmp_path, kind):
+    path = tmp_path / "vocab"
+    path.mkdir() if kind == "a directory" else path.write_bytes(b"")
+    config = config_of("text:/unused/*.txt", vocab_path=str(path))
+    with pytest.raises(ConfigError, match=f"vocab_path='{path}' is {kind}; give a SentencePiece"):
+        tokenizer_lib.load_or_train(config, tmp_path / "run", lambda: iter(()))
