@@ -34,7 +34,7 @@ from absl import app, flags
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from maelm_jax import programs, sharding, tpu_chips
+from maelm_jax import cli, programs, sharding, tpu_chips
 from maelm_jax.configuration import ConfigError
 
 EXIT_DOES_NOT_FIT = 1
@@ -388,4 +388,4 @@ def main(argv):
 
 if __name__ == "__main__":
     jax.config.config_with_absl()
-    app.run(main)
+    cli.run(main, errors=(LibtpuMissingError,), error_status=EXIT_ERROR, prog="maelm_jax.compile")

@@ -6,6 +6,9 @@ value fails once, up front, with a message that names it.
 """
 
 import dataclasses
+import math
+import os
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -25,11 +28,6 @@ VOCAB_MULTIPLE = 128
 
 class ConfigError(ValueError):
     """A user-supplied value (config, path, data) is not allowed; the message says why."""
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 def padded_vocab_size(vocab_size: int) -> int:
@@ -91,96 +89,179 @@ class MaskingConfig:
     first_regular_id: int  # random replacements are drawn from [first_regular_id, vocab_size)
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Checks the values that do not depend on devices or data; raises ConfigError."""
-    m = config.model
-    _require(
-        config.objective in OBJECTIVES,
-        f"objective={config.objective!r} is not allowed; use one of {OBJECTIVES}",
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One key's allowed values: `ok(value)` and the words that say what is allowed."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def at_least(low, integer=True) -> Rule:
+    kind = int if integer else (int, float)
+    return Rule(
+        lambda v: isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) and v >= low,
+        f"{'an integer' if integer else 'a finite number'} >= {low}",
     )
-    _require(
-        0.0 < config.mask_rate < 1.0,
-        f"mask_rate={config.mask_rate} is not allowed; it must lie strictly between 0 and 1",
+
+
+def between(low, high, *, low_open=False, high_open=False) -> Rule:
+    def ok(v):
+        if not _number(v) or not math.isfinite(v):
+            return False
+        return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+
+    return Rule(
+        ok, f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     )
-    _require(config.seq_len >= 2, f"seq_len={config.seq_len} is not allowed; it must be >= 2")
+
+
+def positive_number() -> Rule:
+    return Rule(lambda v: _number(v) and math.isfinite(v) and v > 0, "a finite number > 0")
+
+
+def one_of(choices) -> Rule:
+    return Rule(lambda v: v in choices, f"one of {tuple(choices)}")
+
+
+def integer() -> Rule:
+    return Rule(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+
+
+# Every key with a range, checked in one place; adding a key is adding a line.
+RULES: dict[str, Rule] = {
+    "objective": one_of(OBJECTIVES),
+    "mask_rate": between(0.0, 1.0, low_open=True, high_open=True),
+    "mlm_mask_prob": between(0.0, 1.0),
+    "mlm_random_prob": between(0.0, 1.0),
+    "seq_len": at_least(2),
+    "batch_size": at_least(1),
+    "num_train_steps": at_least(1),
+    "seed": integer(),
+    "grad_accum_steps": at_least(1),
+    "learning_rate": at_least(0.0, integer=False),
+    "warmup_steps": at_least(0),
+    "weight_decay": at_least(0.0, integer=False),
+    "adam_b1": between(0.0, 1.0, high_open=True),
+    "adam_b2": between(0.0, 1.0, high_open=True),
+    "adam_eps": positive_number(),
+    "max_grad_norm": at_least(0.0, integer=False),  # 0 turns clipping off
+    "packing": one_of(PACKINGS),
+    "eval_holdout_fraction": between(0.0, 1.0, high_open=True),
+    "max_documents": at_least(0),
+    "vocab_size": at_least(16),
+    "tokenizer_train_documents": at_least(1),
+    "log_every_steps": at_least(1),
+    "eval_every_steps": at_least(1),
+    "checkpoint_every_steps": at_least(1),
+    "keep_checkpoints": at_least(1),
+    "eval_batches": at_least(0),
+    "keep_every_steps": at_least(0),
+    "nonfinite": one_of(NONFINITE_POLICIES),
+    "profile_num_steps": at_least(0),
+    "model.num_layers": at_least(1),
+    "model.hidden_size": at_least(1),
+    "model.num_heads": at_least(1),
+    "model.mlp_dim": at_least(1),
+    "model.decoder": one_of(DECODERS),
+    "model.num_decoder_layers": at_least(0),
+    "model.max_positions": at_least(1),
+    "model.dropout_rate": between(0.0, 1.0, high_open=True),
+    "model.decoder_dropout_rate": between(0.0, 1.0, high_open=True),
+    "model.attention_dropout_rate": between(0.0, 1.0, high_open=True),
+    "model.decoder_attention_dropout_rate": between(0.0, 1.0, high_open=True),
+    "model.mask_token_source": one_of(MASK_TOKEN_SOURCES),
+    "model.relative_attention_buckets": at_least(0),
+    "model.relative_attention_max_distance": at_least(1),
+    "model.dtype": one_of(tuple(DTYPES)),
+    "model.remat_policy": one_of(REMAT_POLICIES),
+    "model.layer_norm_epsilon": positive_number(),
+    "model.init_std": positive_number(),
+}
+
+
+def _lookup(config, dotted: str):
+    node = config
+    for key in dotted.split("."):
+        if key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+_MISSING = object()
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this host (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _combinations(config) -> list[str]:
+    """What the keys must satisfy together (checked once each key is in range)."""
+    m, problems = config.model, []
     k = num_masked(config.mask_rate, config.seq_len)
-    _require(
-        1 <= k < config.seq_len,
-        f"mask_rate={config.mask_rate} with seq_len={config.seq_len} masks k={k} slots; "
-        f"k must be between 1 and seq_len - 1",
-    )
-    _require(
-        config.seq_len <= m.max_positions,
-        f"seq_len={config.seq_len} exceeds model.max_positions={m.max_positions}; "
-        "use seq_len <= max_positions",
-    )
-    for key in ("mlm_mask_prob", "mlm_random_prob"):
-        _require(0.0 <= config[key] <= 1.0, f"{key}={config[key]} must lie in [0, 1]")
-    _require(
-        config.mlm_mask_prob + config.mlm_random_prob <= 1.0,
-        f"mlm_mask_prob + mlm_random_prob = {config.mlm_mask_prob + config.mlm_random_prob}"
-        " exceeds 1",
-    )
-    for key in ("batch_size", "num_train_steps"):
-        _require(config[key] >= 1, f"{key}={config[key]} is not allowed; it must be >= 1")
-    _require(
-        config.grad_accum_steps >= 1 and config.batch_size % config.grad_accum_steps == 0,
-        f"grad_accum_steps={config.grad_accum_steps} must be >= 1 and divide "
-        f"batch_size={config.batch_size}",
-    )
-    for key in ("num_layers", "hidden_size", "num_heads", "mlp_dim"):
-        _require(m[key] >= 1, f"model.{key}={m[key]} is not allowed; it must be >= 1")
-    _require(
-        m.hidden_size % m.num_heads == 0,
-        f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}",
-    )
-    _require(m.decoder in DECODERS, f"model.decoder={m.decoder!r}; use one of {DECODERS}")
-    _require(
-        config.objective == "mlm" or m.num_decoder_layers >= 1,
-        f"model.num_decoder_layers={m.num_decoder_layers}; objective 'mae_lm' needs >= 1",
-    )
-    _require(
-        m.remat_policy in REMAT_POLICIES,
-        f"model.remat_policy={m.remat_policy!r}; use one of {REMAT_POLICIES}",
-    )
-    _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {tuple(DTYPES)}")
-    for key in (
-        "dropout_rate",
-        "decoder_dropout_rate",
-        "attention_dropout_rate",
-        "decoder_attention_dropout_rate",
-    ):
-        _require(0.0 <= m[key] < 1.0, f"model.{key}={m[key]} must lie in [0, 1)")
-    _require(
-        m.mask_token_source in MASK_TOKEN_SOURCES,
-        f"model.mask_token_source={m.mask_token_source!r}; use one of {MASK_TOKEN_SOURCES}",
-    )
-    _require(
-        config.max_grad_norm >= 0,
-        f"max_grad_norm={config.max_grad_norm} must be >= 0 (0 turns clipping off)",
-    )
-    _require(
-        config.packing in PACKINGS,
-        f"packing={config.packing!r} is not allowed; use one of {PACKINGS}",
-    )
-    _require(
-        m.relative_attention_buckets >= 0,
-        f"model.relative_attention_buckets={m.relative_attention_buckets} must be >= 0",
-    )
-    _require(config.vocab_size >= 16, f"vocab_size={config.vocab_size} must be >= 16")
-    for key in (
-        "log_every_steps",
-        "eval_every_steps",
-        "checkpoint_every_steps",
-        "keep_checkpoints",
-    ):
-        _require(config[key] >= 1, f"{key}={config[key]} is not allowed; it must be >= 1")
-    for key in ("eval_batches", "keep_every_steps"):
-        _require(config[key] >= 0, f"{key}={config[key]} is not allowed; it must be >= 0")
-    _require(
-        config.nonfinite in NONFINITE_POLICIES,
-        f"nonfinite={config.nonfinite!r} is not allowed; use one of {NONFINITE_POLICIES}",
-    )
+    if not 1 <= k < config.seq_len:
+        problems.append(
+            f"mask_rate={config.mask_rate} with seq_len={config.seq_len} masks k={k} slots; "
+            "k must be between 1 and seq_len - 1"
+        )
+    if config.seq_len > m.max_positions:
+        problems.append(
+            f"seq_len={config.seq_len} exceeds model.max_positions={m.max_positions}; "
+            "use seq_len <= max_positions"
+        )
+    if config.mlm_mask_prob + config.mlm_random_prob > 1.0:
+        problems.append(
+            f"mlm_mask_prob + mlm_random_prob = {config.mlm_mask_prob + config.mlm_random_prob}"
+            " exceeds 1"
+        )
+    if config.batch_size % config.grad_accum_steps:
+        problems.append(
+            f"grad_accum_steps={config.grad_accum_steps} must divide batch_size={config.batch_size}"
+        )
+    if m.hidden_size % m.num_heads:
+        problems.append(
+            f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}"
+        )
+    if config.objective == "mae_lm" and m.num_decoder_layers < 1:
+        problems.append(
+            f"model.num_decoder_layers={m.num_decoder_layers}; objective 'mae_lm' needs >= 1"
+        )
+    # One batch of token ids (int32) is built on a host: refuse what no host can hold
+    # before anything tries to allocate it.
+    batch_bytes, memory = config.batch_size * config.seq_len * 4, host_memory_bytes()
+    if memory and batch_bytes > memory // 4:
+        problems.append(
+            f"batch_size={config.batch_size} with seq_len={config.seq_len} needs "
+            f"{batch_bytes / 2**30:.1f} GiB of host memory per batch of token ids; this host "
+            f"has {memory / 2**30:.1f} GiB: use a batch_size of at most "
+            f"{memory // 4 // (config.seq_len * 4)}"
+        )
+    return problems
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Checks every key's range and how keys combine, up front and before any device or data
+    is touched; one ConfigError lists every value that is not allowed."""
+    problems = []
+    for key, rule in RULES.items():
+        value = _lookup(config, key)
+        if value is not _MISSING and not rule.ok(value):
+            problems.append(f"{key}={value!r} is not allowed; it must be {rule.allowed}")
+    if not problems:
+        problems = _combinations(config)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} config values are not allowed: " + "; ".join(problems))
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:

@@ -62,17 +62,38 @@ def _text_documents(pattern: str, process_index: int, process_count: int) -> Ite
     index = 0
     for path in files:
         lines: list[str] = []
+        for line in itertools.chain(_utf8_lines(path), [""]):  # "" ends the last document
+            if line.strip():
+                lines.append(line.rstrip("\r\n"))
+                continue
+            if lines:
+                if keep is None or index % process_count == keep:
+                    yield "\n".join(lines).strip()
+                index += 1
+                lines = []
+
+
+def _utf8_lines(path: str) -> Iterator[str]:
+    """The lines of text file `path`, which must be UTF-8 (a UTF-8 BOM is dropped).
+
+    Policy: bytes that are not UTF-8 are an error naming the file, line and byte, never
+    silently replaced, since a file in another encoding would train the tokenizer on
+    mojibake. Convert such files first (`iconv -f LATIN1 -t UTF-8`).
+    """
+    try:
         with tf.io.gfile.GFile(path, "rb") as f:
-            for raw in itertools.chain(f, [b""]):  # b"" ends the last document
-                line = raw.decode("utf-8", errors="replace")
-                if line.strip():
-                    lines.append(line.rstrip("\r\n"))
-                    continue
-                if lines:
-                    if keep is None or index % process_count == keep:
-                        yield "\n".join(lines).strip()
-                    index += 1
-                    lines = []
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ConfigError(
+                        f"{path}: line {number} is not UTF-8 ({e.reason}: byte "
+                        f"0x{raw[e.start]:02x} at column {e.start + 1}); text files must be "
+                        "UTF-8: convert it first, e.g. `iconv -f LATIN1 -t UTF-8`"
+                    ) from None
+                yield line.removeprefix("\ufeff") if number == 1 else line
+    except tf.errors.OpError as e:
+        raise ConfigError(f"cannot read data file {path}: {e.message}") from None
 
 
 def _glob(pattern: str) -> list[str]:

@@ -3,18 +3,17 @@
 Every host of a pod runs the same command. On a multi-host TPU/GPU system
 `jax.distributed.initialize()` finds its peers by itself; elsewhere (several processes on one
 machine, as the tests do) give --coordinator_address, --num_processes and --process_id.
-"""
 
-import sys
+Bad input is answered before the heavy modules (TensorFlow, Orbax, the model) load: the
+flags and config (`cli`), the config's values (`configuration.validate`), the workdir and its
+lease (`workdir_lease`) are checked first, each failure one line and a non-zero exit.
+"""
 
 import jax
 from absl import app, flags, logging
-from clu import platform
 from ml_collections import config_flags
 
-from maelm_jax import metric_logging, train
-from maelm_jax.checkpointing import CheckpointSaveError, silence_writes_after_a_failed_save
-from maelm_jax.configuration import ConfigError
+from maelm_jax import cli, configuration, multihost, workdir_lease
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -51,12 +50,44 @@ def initialize_distributed() -> None:
         jax.distributed.initialize()
 
 
+def _take_lease(workdir) -> workdir_lease.Lease | None:
+    """Process 0 holds the workdir's lease; the others learn whether it got it."""
+    lease, error = None, None
+    if jax.process_index() == 0:
+        try:
+            lease = workdir_lease.acquire(workdir)
+        except configuration.ConfigError as e:
+            error = e
+    multihost.raise_together(error, "taking the workdir lease")
+    return lease
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    configuration.validate(FLAGS.config)
+    workdir_lease.check_workdir(FLAGS.workdir)
+    initialize_distributed()
+    lease = _take_lease(FLAGS.workdir)
+    failure = None
+    try:
+        failure = _run()
+    finally:
+        if lease is not None:
+            lease.release()
+    if failure is not None:
+        cli.exit_now(1, failure)
+
+
+def _run() -> str | None:
+    """The run itself; returns the one line of an error the user can act on."""
+    from clu import platform
+
+    from maelm_jax import metric_logging, train
+    from maelm_jax.checkpointing import CheckpointSaveError, silence_writes_after_a_failed_save
+
     metric_logging.quiet_library_logs()
     silence_writes_after_a_failed_save()
-    initialize_distributed()
     if FLAGS.profiler_port:
         jax.profiler.start_server(FLAGS.profiler_port)  # launch/profile.sh captures from it
     logging.info(
@@ -71,10 +102,11 @@ def main(argv):
     platform.work_unit().create_artifact(platform.ArtifactType.DIRECTORY, FLAGS.workdir, "workdir")
     try:
         train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except (ConfigError, train.NonFiniteLossError, CheckpointSaveError) as e:
-        sys.exit(f"maelm_jax: error: {e}")  # one line on stderr, exit status 1
+    except (configuration.ConfigError, train.NonFiniteLossError, CheckpointSaveError) as e:
+        return str(e)
+    return None
 
 
 if __name__ == "__main__":
     jax.config.config_with_absl()
-    app.run(main)
+    cli.run(main)

@@ -4,25 +4,41 @@ With several processes, JAX's preemption sync manager (started by
 `jax.distributed.initialize`) catches SIGTERM and `reached_preemption_sync_point` turns it
 into the same step on every host, so all of them join the final checkpoint. A single process
 has no such service, so a SIGTERM handler raises a flag that the loop reads at its next step.
+
+Ctrl-C (SIGINT) in a single process is a SIGTERM: the run saves at the next step and stops.
+A second Ctrl-C, for someone who will not wait for the save, ends the process at once (the
+checkpoints already committed stay good; the one being written is never committed).
 """
 
+import os
 import signal
+import sys
 
 import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
+EXIT_INTERRUPTED = 130
+
 
 class PreemptionWatcher:
     def __init__(self):
         self.reason = None
-        self._previous_handler = None
+        self._previous_handlers = {}
         if jax.process_count() == 1:
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
 
-    def _on_sigterm(self, signum, frame):
-        self.reason = "SIGTERM"
-        logging.warning("Received SIGTERM: saving a checkpoint at the next step boundary")
+    def _on_signal(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.reason is not None and signum == signal.SIGINT:
+            logging.flush()
+            sys.stderr.write(f"maelm_jax: error: {name} again: stopped without saving\n")
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        self.reason = name
+        hint = " (Ctrl-C again to stop at once, without saving)" if name == "SIGINT" else ""
+        logging.warning("Received %s: saving a checkpoint at the next step boundary%s", name, hint)
 
     def reached(self, step: int) -> bool:
         """True (on every process alike) when the run should checkpoint and stop at `step`."""
@@ -33,6 +49,6 @@ class PreemptionWatcher:
         return self.reason is not None
 
     def close(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}

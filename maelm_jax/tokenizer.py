@@ -54,6 +54,7 @@ MODEL_FILENAME = "tokenizer.model"
 # SentencePiece drops training sentences longer than this many bytes; documents are fed one
 # line (paragraph) at a time, so only pathological lines are lost.
 _MAX_SENTENCE_BYTES = 1 << 16
+_MAX_SENTENCE_CHARS = _MAX_SENTENCE_BYTES // 4  # UTF-8 needs at most 4 bytes a character
 _MAX_TRAIN_SENTENCES = 10_000_000  # sampled down to this many if there are more
 _PIECE = sentencepiece_model_pb2.ModelProto.SentencePiece
 _SPECIAL_TEXT = re.compile("|".join(re.escape(p) for p in SPECIAL_PIECES))
@@ -176,9 +177,19 @@ class Tokenizer:
 
 
 def _sentences(texts: Iterable[str]) -> Iterator[str]:
-    """Non-empty lines of the documents: SentencePiece trains on sentences, not documents."""
+    """Non-empty lines of the documents: SentencePiece trains on sentences, not documents.
+
+    A line longer than _MAX_SENTENCE_CHARS (one enormous line makes SentencePiece's trainer
+    fail inside C++) is cut into pieces of that many characters, at the last space before
+    the limit where there is one; the pieces are trained on like any other lines.
+    """
     for text in texts:
         for line in text.splitlines():
+            while len(line) > _MAX_SENTENCE_CHARS:
+                cut = line.rfind(" ", 0, _MAX_SENTENCE_CHARS) + 1 or _MAX_SENTENCE_CHARS
+                if line[:cut].strip():
+                    yield line[:cut]
+                line = line[cut:]
             if line.strip():
                 yield line
 
@@ -256,6 +267,12 @@ def load_or_train(
             raise ConfigError(
                 f"vocab_path={config.vocab_path!r} does not exist; give a SentencePiece .model "
                 "file, or leave vocab_path unset to train one"
+            )
+        if path.is_dir() or path.stat().length == 0:
+            raise ConfigError(
+                f"vocab_path={config.vocab_path!r} is "
+                f"{'a directory' if path.is_dir() else 'an empty file'}; give a SentencePiece "
+                ".model file, or leave vocab_path unset to train one"
             )
         return Tokenizer.from_path(path)
 

@@ -129,7 +129,7 @@ def _data_position(config, blocks_per_process: list[int], step: int) -> dict:
     }
 
 
-def _restore_or_initialize(config, progs, checkpointer, data_position):
+def _restore_or_initialize(config, progs, checkpointer, data_position, tokenizer):
     """Resume from this workdir's newest good checkpoint; else start at step 0, optionally
     from another run's weights (`init_from`). The two never mix: a workdir that has a
     checkpoint resumes, whatever init_from says."""
@@ -150,7 +150,7 @@ def _restore_or_initialize(config, progs, checkpointer, data_position):
         return state
     state = progs.initialize(jax.random.PRNGKey(config.seed))
     if config.init_from:
-        params = checkpointing.load_params(config.init_from, abstract.params)
+        params = checkpointing.load_params(config.init_from, abstract.params, tokenizer.fingerprint)
         state = state.replace(params=params)
     return state
 
@@ -192,7 +192,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     # --- Programs and state: born sharded, or restored into the same shardings. ---
     progs = programs.build(config, mesh, tokenizer.vocab_size)
     checkpointer = checkpointing.Checkpointer(config, workdir, tokenizer)
-    state = _restore_or_initialize(config, progs, checkpointer, data_position)
+    state = _restore_or_initialize(config, progs, checkpointer, data_position, tokenizer)
     start_step = int(jax.device_get(state.step))
 
     # --- Reporting: process 0 writes, everyone logs its own errors. ---

@@ -11,6 +11,7 @@ so each checkpoint is written from arrays sharded over all three axes.
 import ast
 import asyncio
 import gc
+import json
 import logging
 import pathlib
 import re
@@ -27,9 +28,9 @@ from orbax.checkpoint._src.path import async_path  # a real Orbax coroutine
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax import checkpointing, metric_logging, programs, sharding, train
+from maelm_jax import checkpoint_integrity, checkpointing, metric_logging, programs, sharding, train
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.checkpointing import Checkpointer
+from maelm_jax.checkpointing import Checkpointer, NonFiniteStateError
 from maelm_jax.configuration import ConfigError
 from maelm_jax.tokenizer import BOS_ID, FIRST_REGULAR_ID
 
@@ -194,13 +195,67 @@ def delete_array_file(step_dir):
     return f"file {path.relative_to(step_dir)} is missing"
 
 
+def _overwrite_middle(path, every=None):
+    """Same-size damage: bytes of `path` replaced by different ones (the middle 16 by 0xff,
+    which is not UTF-8, as random bytes mostly are not; or one in `every` all along it)."""
+    data = bytearray(path.read_bytes())
+    if every:
+        for i in range(100, len(data) - 100, every):
+            data[i] ^= 0x5A
+    else:
+        data[len(data) // 2 - 8 : len(data) // 2 + 8] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+
+
+def overwrite_array_bytes(step_dir):
+    """Bytes changed all along the array data files, their sizes kept. Whether Orbax's read
+    fails (a compressed block no longer decodes) or returns other numbers depends on which
+    bytes it meets first; either way the step must be skipped."""
+    for path in (step_dir / "state" / "ocdbt.process_0" / "d").iterdir():
+        _overwrite_middle(path, every=997)
+    return None
+
+
+def mismatch_integrity_record(step_dir):
+    """Arrays that read back as other numbers than were saved, without a read error: the
+    record (the manifest) and the bytes disagree, which only the record can reveal."""
+    manifest_path = step_dir / checkpointing.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    name = sorted(n for n in manifest["arrays"] if n.startswith("params/"))[0]
+    manifest["arrays"][name] = [(v + 1) % 2**32 for v in manifest["arrays"][name]]
+    manifest_path.write_text(json.dumps(manifest))
+    return f"array {name} does not match its integrity record"
+
+
+METADATA_FILES = [
+    "_CHECKPOINT_METADATA",
+    "state/_METADATA",
+    "state/_sharding",
+    "state/manifest.ocdbt",
+    "state/array_metadatas/process_0",
+    "data/metadata",
+]
+
+
+def overwrite_metadata(name):
+    def corrupt(step_dir):
+        _overwrite_middle(step_dir / name)
+        if name == "_CHECKPOINT_METADATA":
+            return "unreadable _CHECKPOINT_METADATA (UnicodeDecodeError"
+        return f"file {name} was changed after it was written (sha256 differs)"
+
+    corrupt.__name__ = f"overwrite_{name.replace('/', '_')}"
+    return corrupt
+
+
 def corrupt_latest(source, target, corrupt):
     """A copy of workdir `source` whose newest checkpoint `corrupt` damaged: (workdir, the
     damaged directory, the warning a resuming run must give, the damaged file list)."""
     workdir = copy_workdir(source, target)
     bad = pathlib.Path(rh.step_dirs(workdir)[STEPS])
     reason = corrupt(bad)
-    warning = f"Checkpoint {bad} is incomplete or corrupt ({reason}); trying the previous one"
+    # The reason given, or its start where it depends on which bytes Orbax reads first.
+    warning = f"Checkpoint {bad} is incomplete or corrupt ({reason or ''}"
     return workdir, bad, warning, relative_paths(bad)
 
 
@@ -209,7 +264,13 @@ def set_aside(workdir, step):
     return [p for p in (workdir / "checkpoints").iterdir() if p.name.startswith(f"{step}.")]
 
 
-@pytest.mark.parametrize("corrupt", [drop_commit_marker, truncate_array_file, delete_array_file])
+@pytest.mark.parametrize(
+    "corrupt",
+    [drop_commit_marker, truncate_array_file, delete_array_file, overwrite_array_bytes]
+    + [mismatch_integrity_record]
+    + [overwrite_metadata(name) for name in METADATA_FILES],
+    ids=lambda corrupt: corrupt.__name__,
+)
 def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_and_kept_aside(
     corpus, baseline, restored, tmp_path, caplog, corrupt
 ):
@@ -227,13 +288,18 @@ def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_and_kept_aside(
     assert not bad.exists()
 
 
+@pytest.mark.parametrize(
+    "corrupt",
+    [overwrite_array_bytes, mismatch_integrity_record, overwrite_metadata("_CHECKPOINT_METADATA")],
+    ids=lambda corrupt: corrupt.__name__,
+)
 def test_after_a_corrupt_checkpoint_the_rerun_trains_on_from_the_previous_one(
-    corpus, baseline, tmp_path, caplog
+    corpus, baseline, tmp_path, caplog, corrupt
 ):
     """End to end: the rerun's losses are the baseline's from the previous step on, and it
     writes the set-aside step again, complete."""
     source, expected = baseline
-    workdir, _, warning, _ = corrupt_latest(source, tmp_path / "run", truncate_array_file)
+    workdir, _, warning, _ = corrupt_latest(source, tmp_path / "run", corrupt)
     with caplog.at_level("WARNING"):
         rerun = rh.train_in_process(run_config(corpus), workdir)
     assert warning in caplog.text
@@ -547,3 +613,74 @@ def test_only_the_echoes_of_a_failed_save_are_silenced(monkeypatch, caplog, tmp_
     gc.collect()  # an unretrieved task's error is logged when the task is collected
     unretrieved = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert len(unretrieved) == 1 and "own_write" in unretrieved[0], unretrieved
+
+
+# --- 8: the integrity record, a non-finite state, another tokenizer ---------------------------
+
+
+def _flip_one_bit(tree, name):
+    """`tree` with one bit of leaf `name` flipped, in the leaf's own sharding."""
+
+    def flip(path, leaf):
+        if checkpoint_integrity._keystr(path) != name:
+            return leaf
+        bits = np.array(jax.device_get(leaf)).view(np.uint32)
+        bits.flat[bits.size // 2] ^= 1
+        return jax.device_put(bits.view(leaf.dtype), leaf.sharding)
+
+    return jax.tree_util.tree_map_with_path(flip, tree)
+
+
+def test_the_integrity_record_sees_one_flipped_bit_whatever_the_sharding(restored):
+    """The record of the same values on 8 devices and on 1 is the same; one bit flipped in
+    one array changes that array's entry only."""
+    on_8, on_1 = restored[8][0].params, restored[1][0].params
+    record_8, finite = checkpoint_integrity.record(on_8)
+    assert finite and record_8 == checkpoint_integrity.record(on_1)[0]
+    name = sorted(record_8)[len(record_8) // 2]
+    flipped, _ = checkpoint_integrity.record(_flip_one_bit(on_8, name))
+    assert [n for n in record_8 if record_8[n] != flipped[n]] == [name]
+    assert checkpoint_integrity.first_mismatch(record_8, flipped).startswith(f"array {name} ")
+
+
+def test_a_state_that_is_not_finite_is_never_saved(corpus, baseline, restored, tmp_path):
+    state, _ = restored[8]
+    name = sorted(checkpoint_integrity.record(state.params)[0])[0]
+    nan_state = state.replace(
+        params=jax.tree_util.tree_map_with_path(
+            lambda p, x: x * np.nan if checkpoint_integrity._keystr(p) == name else x,
+            state.params,
+        )
+    )
+    checkpointer = Checkpointer(run_config(corpus), tmp_path, tokenizer_of(baseline[0]))
+    try:
+        with pytest.raises(NonFiniteStateError, match="the state at step 33 has non-finite"):
+            checkpointer.save(33, nan_state, {}, force=True)
+    finally:
+        checkpointer.close()
+    assert rh.step_dirs(tmp_path) == {}
+
+
+def test_another_tokenizer_is_refused_on_resume_and_on_init_from(
+    corpus, baseline, restored, tmp_path
+):
+    """A same-size vocabulary fits the model, so only the tokenizer's fingerprint tells."""
+    texts = [f"Completely different words, sentence number {i}." for i in range(300)]
+    other = tokenizer_lib.Tokenizer(tokenizer_lib.train(texts, 300))
+    saved = tokenizer_of(baseline[0]).fingerprint
+    _, progs = restored[8]
+    workdir = copy_workdir(baseline[0], tmp_path / "run")
+    checkpointer = Checkpointer(run_config(corpus), workdir, other)
+    try:
+        with sharding.activate(progs.mesh, progs.rules), pytest.raises(ConfigError) as resumed:
+            checkpointer.restore_latest(progs.abstract_state())
+    finally:
+        checkpointer.close()
+    with pytest.raises(ConfigError) as initialised:
+        checkpointing.load_params(
+            str(baseline[0]), progs.abstract_state().params, other.fingerprint
+        )
+    for error in (resumed.value, initialised.value):
+        assert f"trained with tokenizer sha256 {saved} but this run's tokenizer" in str(error)
+        assert f"is sha256 {other.fingerprint}" in str(error)
+    assert rh.good_steps(workdir) == rh.good_steps(baseline[0])  # nothing set aside

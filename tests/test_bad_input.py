@@ -1,0 +1,260 @@
+"""Bad input and faults as a new user or a pod operator meets them: one line, no traceback.
+
+Every case is a real `python -m maelm_jax.<command>` process (exit status, stderr and the
+prompt exit are the point) aimed at the workdir of one earlier, finished run, whose files
+must be byte-identical afterwards. That earlier run is also the one a second launch on the
+same workdir is refused by while it runs. Most cases fail before TensorFlow, Orbax or the
+model are imported, so each costs about one interpreter start.
+"""
+
+import hashlib
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+import run_helpers as rh
+from process_runs import process_env
+from text_corpora import sample_document, write_corpus
+from tiny_configs import REPO_ROOT, tiny_run_config
+
+from maelm_jax import documents, workdir_lease
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.configuration import ConfigError
+
+STEPS = 24
+
+
+def checksums(workdir) -> dict[str, str]:
+    root = pathlib.Path(workdir)
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def run_command(args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=REPO_ROOT,
+        env=process_env(1),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def last_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def assert_one_line_error(result, status, *fragments, prog="maelm_jax"):
+    assert result.returncode == status, result.stderr[-3000:]
+    line = last_line(result)
+    assert line.startswith(f"{prog}: error: "), result.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in line, line
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"), [sample_document(i) for i in range(160)])
+
+
+def config_of(corpus, **overrides):
+    return tiny_run_config(corpus, **({"eval_batches": 0, "num_train_steps": STEPS} | overrides))
+
+
+@pytest.fixture(scope="module")
+def earlier_run(corpus, tmp_path_factory):
+    """(workdir, the second launch's result) of a finished run that a second launch of the
+    same command was refused by while it ran."""
+    workdir = tmp_path_factory.mktemp("earlier") / "run"
+    log = workdir.parent / "first.log"
+    first = rh.start(config_of(corpus), workdir, log)
+    lease = workdir / workdir_lease.LEASE_FILENAME
+    deadline = time.monotonic() + 120
+    while not lease.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lease.exists(), log.read_text()[-3000:]
+    started = time.monotonic()
+    second = run_command(rh.main_command(config_of(corpus), workdir)[2:])
+    second_seconds = time.monotonic() - started
+    status, output = rh.finish(first, log)
+    assert status == 0, output[-3000:]
+    return workdir, (second, second_seconds, first.pid)
+
+
+def test_a_second_run_on_a_busy_workdir_is_refused_and_the_first_finishes_untouched(
+    earlier_run,
+):
+    workdir, (second, seconds, first_pid) = earlier_run
+    assert_one_line_error(
+        second, 1, f"workdir '{workdir}' is in use by another run", f"pid {first_pid}"
+    )
+    assert seconds < 60
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    steps = [row["step"] for row in map(json.loads, lines) if "train/loss" in row]
+    assert steps == list(range(1, STEPS + 1)), steps  # every step once
+    assert rh.good_steps(workdir)[-1] == STEPS
+    assert not (workdir / workdir_lease.LEASE_FILENAME).exists()  # released at the end
+
+
+@pytest.fixture
+def unchanged(earlier_run):
+    """The earlier run's workdir; fails the test if any of its files changed."""
+    workdir = earlier_run[0]
+    before = checksums(workdir)
+    yield workdir
+    assert checksums(workdir) == before
+
+
+USAGE = 2  # flags the parser rejects
+INVALID = 1  # values rejected once parsed
+# (flags after the config's own, exit status, fragments the last line must hold)
+MAIN_CASES = {
+    "unknown_key": (
+        USAGE,
+        ["--config.bogus_key=1"],
+        ["--config.bogus_key=1", "has no key 'bogus_key'", "allowed keys: adam_b1"],
+    ),
+    "nested_typo": (
+        USAGE,
+        ["--config.model.num_layer=2"],
+        ["config.model has no key 'num_layer'", "num_layers"],
+    ),
+    "wrong_type": (USAGE, ["--config.mask_rate=abc"], ["--config.mask_rate=abc", "takes a float"]),
+    "missing_config_file": (USAGE, ["--config=configs/nope.py"], ["configs/nope.py: no such file"]),
+    "config_without_get_config": (
+        USAGE,
+        ["--config=maelm_jax/loss.py"],
+        ["maelm_jax/loss.py defines no get_config()"],
+    ),
+    "several_bad_values_at_once": (
+        INVALID,
+        ["--config.learning_rate=-1", "--config.warmup_steps=-3", "--config.max_grad_norm=-1"],
+        [
+            "3 config values are not allowed",
+            "learning_rate=-1.0 is not allowed; it must be a finite number >= 0.0",
+            "warmup_steps=-3 is not allowed; it must be an integer >= 0",
+            "max_grad_norm=-1.0 is not allowed; it must be a finite number > 0",
+        ],
+    ),
+    "nan_learning_rate": (
+        INVALID,
+        ["--config.learning_rate=nan"],
+        ["learning_rate=nan is not allowed"],
+    ),
+    "inf_learning_rate": (
+        INVALID,
+        ["--config.learning_rate=inf"],
+        ["learning_rate=inf is not allowed"],
+    ),
+    "batch_beyond_host_memory": (
+        INVALID,
+        ["--config.batch_size=1000000000000"],
+        ["batch_size=1000000000000 with seq_len=32 needs", "use a batch_size of at most"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MAIN_CASES))
+def test_bad_flags_and_values_are_one_line_and_touch_nothing(corpus, unchanged, case):
+    status, extra, fragments = MAIN_CASES[case]
+    args = rh.main_command(config_of(corpus), unchanged)[2:] + extra
+    assert_one_line_error(run_command(args), status, *fragments)
+
+
+def test_a_workdir_that_is_a_file_is_one_line(corpus, unchanged):
+    target = unchanged / "metrics.jsonl"
+    result = run_command(rh.main_command(config_of(corpus), target)[2:])
+    assert_one_line_error(result, INVALID, f"workdir='{target}' is a file; give a directory")
+
+
+def test_an_unwritable_checkpoint_directory_exits_at_once(corpus, earlier_run, tmp_path):
+    """`checkpoints` is a regular file (chmod cannot stop root): one line, before Orbax
+    starts the threads that would report it again and keep the process alive."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "checkpoints").write_text("not a directory")
+    vocab = earlier_run[0] / tokenizer_lib.MODEL_FILENAME
+    config = config_of(corpus, vocab_path=str(vocab))
+    result = run_command(rh.main_command(config, workdir)[2:], timeout=180)
+    checkpoints = workdir / "checkpoints"
+    assert_one_line_error(
+        result, INVALID, f"cannot keep checkpoints in {checkpoints}", "is a file, not a directory"
+    )
+    assert not (workdir / workdir_lease.LEASE_FILENAME).exists()
+
+
+COMPILE_CASES = {
+    "unknown_topology": (["--topology=v9z-8"], ["topology='v9z-8' is not allowed"]),
+    "bad_num_slices": (["--topology=v5p-8", "--num_slices=0"], ["num_slices=0 is not allowed"]),
+    "unknown_config_key": (
+        ["--topology=v5p-8", "--config.model.num_layer=2"],
+        ["config.model has no key 'num_layer'"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPILE_CASES))
+def test_compile_bad_flags_are_one_line(case):
+    extra, fragments = COMPILE_CASES[case]
+    result = run_command(["maelm_jax.compile", "--config=configs/default.py", *extra])
+    assert_one_line_error(result, 2, *fragments, prog="maelm_jax.compile")
+
+
+BENCH_CASES = {
+    "unknown_command": (["nope"], ["usage: python -m maelm_jax.bench {flops|speed|checkpoint}"]),
+    "unknown_config": (["flops", "--configs=nope"], ["--configs names a config that is not in"]),
+    # --steps=0 and --seq_len=1 are refused by the same flag bounds.
+    "negative_batch": (["speed", "--batch_size=-8"], ["--batch_size=-8", "not a positive integer"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BENCH_CASES))
+def test_bench_bad_flags_are_one_line(case):
+    extra, fragments = BENCH_CASES[case]
+    result = run_command(["maelm_jax.bench", *extra])
+    assert_one_line_error(result, 2, *fragments, prog="maelm_jax.bench")
+
+
+# --- Input files, in-process: the ConfigError is the one line `main` prints (above) --------
+
+
+def test_a_text_file_that_is_not_utf8_is_named_with_its_line_and_byte(tmp_path):
+    (tmp_path / "a.txt").write_text("Plain text.\n\nMore plain text.\n")
+    (tmp_path / "b.txt").write_bytes("Fine line.\nCaf\u00e9 in Latin-1.\n".encode("latin-1"))
+    config = config_of(f"text:{tmp_path}/*.txt")
+    with pytest.raises(ConfigError) as error:
+        list(documents.read_documents(config, "train", 0, 1))
+    assert str(error.value).startswith(
+        f"{tmp_path / 'b.txt'}: line 2 is not UTF-8 (invalid continuation byte: byte 0xe9 at "
+        "column 4); text files must be UTF-8"
+    )
+
+
+def test_one_enormous_line_is_cut_into_pieces_the_trainer_accepts():
+    words = " ".join(f"word{i % 500}" for i in range(20_000))  # ~170k characters, one line
+    assert len(words) > 10 * tokenizer_lib._MAX_SENTENCE_CHARS
+    pieces = list(tokenizer_lib._sentences([words]))
+    assert "".join(pieces) == words
+    assert all(len(p) <= tokenizer_lib._MAX_SENTENCE_CHARS for p in pieces)
+    assert all(p.endswith(" ") for p in pieces[:-1])  # cut after a space, never in a word
+    model = tokenizer_lib.Tokenizer(tokenizer_lib.train([words], 300))
+    assert model.decode(model.encode("word7 word8")) == "word7 word8"
+
+
+@pytest.mark.parametrize("kind", ["a directory", "an empty file"])
+def test_a_vocab_path_that_is_no_model_file_is_one_line(tmp_path, kind):
+    path = tmp_path / "vocab"
+    path.mkdir() if kind == "a directory" else path.write_bytes(b"")
+    config = config_of("text:/unused/*.txt", vocab_path=str(path))
+    with pytest.raises(ConfigError, match=f"vocab_path='{path}' is {kind}; give a SentencePiece"):
+        tokenizer_lib.load_or_train(config, tmp_path / "run", lambda: iter(()))
