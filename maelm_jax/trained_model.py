@@ -38,11 +38,12 @@ class TrainedModel:
         return MaskedLM(self.model_config, pad_id=self.tokenizer.pad_id)
 
     def encode_fn(self):
-        """Jitted (input_ids, positions) [B, T] -> final hidden states [B, T, E], float32."""
-        model, params = self.model, self.params
-        return jax.jit(
-            lambda ids, pos: model.apply({"params": params}, ids, pos, method=MaskedLM.encode)
+        """(input_ids, positions) [B, T] -> final hidden states [B, T, E], float32, jitted."""
+        model = self.model
+        run = jax.jit(
+            lambda p, ids, pos: model.apply({"params": p}, ids, pos, method=MaskedLM.encode)
         )
+        return lambda ids, pos: run(self.params, ids, pos)
 
 
 def _choose_step(root: epath.Path, step: int | None) -> epath.Path:
