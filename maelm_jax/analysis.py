@@ -32,12 +32,18 @@ from maelm_jax.transformer import EncoderBlock
 MASK_RATE = 0.15
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Training workdir (local or gs://) holding checkpoints/.")
-flags.DEFINE_string("output_dir", None, "Directory for rank.json and rank.png.")
-flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest usable).")
-flags.DEFINE_integer("num_tokens", 8192, "Real tokens measured per condition (bounds the work).")
-flags.DEFINE_string("text_file", None, "Held-out text instead of the run's eval split.")
-flags.DEFINE_bool("json", False, "Print rank.json's content instead of the table.")
+
+
+def define_flags() -> None:
+    """Called by `__main__` only, so tests can import this module beside others."""
+    flags.DEFINE_string("workdir", None, "Training workdir (local or gs://) holding checkpoints/.")
+    flags.DEFINE_string("output_dir", None, "Directory for rank.json and rank.png.")
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest usable).")
+    flags.DEFINE_integer(
+        "num_tokens", 8192, "Real tokens measured per condition (bounds the work)."
+    )
+    flags.DEFINE_string("text_file", None, "Held-out text instead of the run's eval split.")
+    flags.DEFINE_bool("json", False, "Print rank.json's content instead of the table.")
 
 
 def unrolled(trained: trained_model.TrainedModel) -> tuple[nn.Module, dict]:
@@ -209,5 +215,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flags_as_required(["workdir", "output_dir"])
     app.run(main)

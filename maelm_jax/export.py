@@ -38,10 +38,14 @@ PARITY_TEXTS = (
 )
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Training workdir (local or gs://) holding checkpoints/.")
-flags.DEFINE_string("output_dir", None, "Local directory to create for the HuggingFace model.")
-flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest usable).")
-flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
+
+
+def define_flags() -> None:
+    """Called by `__main__` only, so tests can import this module beside others."""
+    flags.DEFINE_string("workdir", None, "Training workdir (local or gs://) holding checkpoints/.")
+    flags.DEFINE_string("output_dir", None, "Local directory to create for the HuggingFace model.")
+    flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest usable).")
+    flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,5 +243,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flags_as_required(["workdir", "output_dir"])
     app.run(main)
