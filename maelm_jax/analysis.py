@@ -195,22 +195,28 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def run(workdir, output_dir, step, num_tokens: int, text_file: str | None) -> dict:
+    """The command: checks its inputs, measures, writes rank.json and rank.png."""
+    if num_tokens < 2:
+        raise ConfigError(f"num_tokens={num_tokens} is not allowed; it must be >= 2")
+    if text_file and not os.path.exists(text_file):
+        raise ConfigError(f"text_file={text_file!r} does not exist")
+    result = analyse(workdir, step, num_tokens, text_file)
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "rank.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    plot(result, os.path.join(output_dir, "rank.png"))
+    return result
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     jax.config.update("jax_platforms", "cpu")
     try:
-        if FLAGS.num_tokens < 2:
-            raise ConfigError(f"num_tokens={FLAGS.num_tokens} is not allowed; it must be >= 2")
-        if FLAGS.text_file and not os.path.exists(FLAGS.text_file):
-            raise ConfigError(f"text_file={FLAGS.text_file!r} does not exist")
-        result = analyse(FLAGS.workdir, FLAGS.step, FLAGS.num_tokens, FLAGS.text_file)
+        result = run(FLAGS.workdir, FLAGS.output_dir, FLAGS.step, FLAGS.num_tokens, FLAGS.text_file)
     except ConfigError as e:
         sys.exit(f"maelm_jax.analysis: error: {e}")
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.output_dir, "rank.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    plot(result, os.path.join(FLAGS.output_dir, "rank.png"))
     print(json.dumps(result) if FLAGS.json else _table(result))
 
 

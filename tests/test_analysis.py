@@ -1,11 +1,8 @@
 """Rank measurements on matrices of known rank, and the analysis command on a tiny MLM."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
-from tiny_configs import REPO_ROOT
 
 from maelm_jax import analysis, rank, trained_model
 
@@ -48,17 +45,12 @@ def test_share_inside_a_subspace():
     assert rank.share_inside(outside, sub) < 1e-9
 
 
-def test_command_writes_json_and_png(tiny_checkpoints, tmp_path):
+def test_run_writes_json_and_png(tiny_checkpoints, tmp_path):
     workdir = tiny_checkpoints["mlm"]
     out = tmp_path / "rank"
-    proc = subprocess.run(
-        [sys.executable, "-m", "maelm_jax.analysis", f"--workdir={workdir}",
-         f"--output_dir={out}", "--num_tokens=300", "--json"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    returned = analysis.run(workdir, out, None, num_tokens=300, text_file=None)
     result = json.loads((out / "rank.json").read_text())
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == result
+    assert result == json.loads(json.dumps(returned))
     assert (out / "rank.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result["layers"] == [0, 1, 2]
     assert set(result["conditions"]) == {"no_mask", "mask15_real", "mask15_mask"}
