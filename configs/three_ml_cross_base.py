@@ -1,4 +1,6 @@
-"""3ML-cross base: 50% masking; 2 decoder layers whose queries are the masked slots only."""
+"""3ML-cross base: 50% masking; 2 decoder layers whose queries are the masked slots only.
+
+Recipe and [MASK] vector as configs/three_ml_self_base.py."""
 
 from configs import three_ml_self_base
 

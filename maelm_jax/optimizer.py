@@ -1,4 +1,10 @@
-"""AdamW with RoBERTa's settings: linear warmup, linear decay, global-norm clipping."""
+"""AdamW with RoBERTa's settings: linear warmup, linear decay, global-norm clipping.
+
+Weight-decay scope differs from the papers' fairseq runs on purpose: fairseq's Adam decays
+every parameter (biases, LayerNorm and embeddings included); we skip biases and LayerNorm
+scales (`decay_mask`), as BERT's original optimizer did. `max_grad_norm=0` turns clipping
+off, like fairseq's `--clip-norm 0` (RoBERTa's recipe).
+"""
 
 import jax
 import ml_collections
@@ -30,8 +36,11 @@ def decay_mask(params):
 
 
 def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    clip = optax.identity()
+    if config.max_grad_norm > 0:
+        clip = optax.clip_by_global_norm(config.max_grad_norm)
     return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
+        clip,
         optax.adamw(
             learning_rate_schedule(config),
             b1=config.adam_b1,

@@ -21,7 +21,10 @@ from maelm_jax.documents import read_documents
 from maelm_jax.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 CACHE_DIRNAME = "data_cache"
-_CACHE_FORMAT = 1  # bump when the packing or the cache layout changes
+# Bump when the packing or the cache layout changes. 2: corpus text no longer encodes to
+# special ids (a literal "<mask>" was the mask id), and segment ids are derived from `</s>`,
+# which must then end a document and nothing else (segments.py).
+_CACHE_FORMAT = 2
 _TOKENIZE_BATCH = 512
 _PACK_FLUSH_BLOCKS = 256
 _LOG_EVERY_S = 30.0
@@ -41,6 +44,9 @@ def pack_documents(
 
     The documents, each followed by `</s>`, form one stream that is cut into chunks of
     seq_len - 1 regardless of document boundaries; only the last block is padded with `<pad>`.
+    Nothing is wasted on padding, and the model still keeps documents apart: `</s>` marks
+    every document's end, so the step derives each token's document (segments.py) and
+    attention stays inside it, as in fairseq's one-document complete_doc blocks.
     With `max_blocks`, reading stops once that many blocks are full (eval needs a few).
     """
     if seq_len < 2:
