@@ -57,7 +57,7 @@ def unrolled(trained: trained_model.TrainedModel) -> tuple[nn.Module, dict]:
         for i in range(cfg.num_layers):
             encoder[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
     params["encoder"] = encoder
-    return MaskedLM(cfg, pad_id=trained.tokenizer.pad_id), params
+    return MaskedLM(cfg, pad_id=trained.tokenizer.pad_id, mask_id=trained.tokenizer.mask_id), params
 
 
 def layer_outputs_fn(model: nn.Module, num_layers: int):

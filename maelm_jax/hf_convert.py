@@ -32,11 +32,14 @@ REPRESENTED_FIELDS = {
     "layer_norm_epsilon",
     "init_std",
     "dropout_rate",
+    "attention_dropout_rate",
     # Pretraining-only: the decoder is dropped; dtype, layer layout and remat change how
     # the encoder is computed, not what it computes (the export is float32).
     "decoder",
     "num_decoder_layers",
     "decoder_dropout_rate",
+    "decoder_attention_dropout_rate",
+    "mask_token_source",
     "dtype",
     "scan_layers",
     "remat_policy",
@@ -65,7 +68,7 @@ def hf_config(model_config: ModelConfig, vocab_size: int, with_lm_head: bool) ->
         "intermediate_size": cfg.mlp_dim,
         "hidden_act": "gelu",  # exact (erf) GELU, as nn.gelu(approximate=False)
         "hidden_dropout_prob": cfg.dropout_rate,
-        "attention_probs_dropout_prob": 0.0,  # the JAX model has no attention dropout
+        "attention_probs_dropout_prob": cfg.attention_dropout_rate,
         "max_position_embeddings": cfg.max_positions + PAD_ID + 1,
         "type_vocab_size": 1,
         "initializer_range": cfg.init_std,

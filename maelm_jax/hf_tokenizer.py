@@ -7,6 +7,11 @@ SentencePiece ids already are the model's ids (`<s>`=0, `<pad>`=1, `</s>`=2, `<u
 followed by whitespace cleanup (strip, collapse runs of spaces), reproduced here in that
 order; byte fallback becomes the Unigram model's `byte_fallback`.
 
+Text is cut at special tokens first and each section normalized alone, exactly as
+`Tokenizer.encode_query` does: a section's trailing whitespace is dropped, and only the
+first section, or one that starts with whitespace, gets the word-start "▁" (Metaspace
+`prepend_scheme="first"`; the leading space itself becomes that "▁").
+
 HF semantics for special tokens: the literal strings `<s>`, `</s>`, `<pad>`, `<unk>` and
 `<mask>` in text become their ids (the fill-mask convention), and encoding adds
 `<s> ... </s>` (RoBERTa's pair template `<s> A </s></s> B </s>` for pairs).
@@ -29,9 +34,12 @@ def _rust_tokenizer(proto: bytes) -> RustTokenizer:
     if spec.precompiled_charsmap:
         steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
     if spec.remove_extra_whitespaces:
-        steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+        steps += [
+            normalizers.Strip(left=False, right=True),
+            normalizers.Replace(Regex(" {2,}"), " "),
+        ]
     tok.normalizer = normalizers.Sequence(steps)
-    scheme = "always" if spec.add_dummy_prefix else "never"
+    scheme = "first" if spec.add_dummy_prefix else "never"
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
     tok.decoder = decoders.Sequence(
         [

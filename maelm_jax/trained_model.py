@@ -14,12 +14,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from etils import epath
 
 from maelm_jax import checkpointing, configuration
 from maelm_jax.configuration import ConfigError, ModelConfig
 from maelm_jax.model import MaskedLM, init_inputs
-from maelm_jax.tokenizer import Tokenizer
+from maelm_jax.tokenizer import MASK_ID, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,7 @@ class TrainedModel:
 
     @property
     def model(self) -> MaskedLM:
-        return MaskedLM(self.model_config, pad_id=self.tokenizer.pad_id)
+        return MaskedLM(self.model_config, pad_id=self.tokenizer.pad_id, mask_id=MASK_ID)
 
     def encode_fn(self):
         """(input_ids, positions) [B, T] -> final hidden states [B, T, E], float32, jitted."""
@@ -59,9 +60,38 @@ def _choose_step(root: epath.Path, step: int | None) -> epath.Path:
     return root / str(step)
 
 
+# What the model did before each of these keys existed, for checkpoints written before it.
+_BEFORE_KEY_EXISTED = {
+    "attention_dropout_rate": 0.0,
+    "decoder_attention_dropout_rate": 0.0,
+    "mask_token_source": "learned",
+}
+
+
+def _with_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A checkpoint's config completed for keys added since it was written: model keys get
+    what the model did before (`_BEFORE_KEY_EXISTED`; any other missing model key is a
+    ConfigError), top-level keys (training-only: data, optimizer, logging) their defaults."""
+    from configs import base
+
+    defaults = base.get_config()
+    absent = [k for k in defaults.model if k not in saved.model]
+    unknown = [k for k in absent if k not in _BEFORE_KEY_EXISTED]
+    if unknown:
+        raise ConfigError(f"the checkpoint's config lacks model keys {unknown}")
+    for key in absent:
+        saved.model[key] = _BEFORE_KEY_EXISTED[key]
+    if absent:
+        logging.warning("Checkpoint config predates model keys %s; using what runs did", absent)
+    for key in defaults:
+        if key not in saved:
+            saved[key] = defaults[key]
+    return saved
+
+
 def abstract_params(model_config: ModelConfig, pad_id: int, seq_len: int, k: int):
     """ShapeDtypeStructs of the parameters `model_config` creates, on this host's CPU."""
-    model = MaskedLM(model_config, pad_id=pad_id)
+    model = MaskedLM(model_config, pad_id=pad_id, mask_id=MASK_ID)
     boxed = jax.eval_shape(
         lambda: model.init(jax.random.PRNGKey(0), *init_inputs(seq_len, k))["params"]
     )
@@ -79,8 +109,8 @@ def load(workdir, step: int | None = None) -> TrainedModel:
         raise ConfigError(f"workdir={os.fspath(workdir)!r} has no {root.name}/ directory")
     step_dir = _choose_step(root, step)
     handler = ocp.JsonCheckpointHandler()
-    config = ml_collections.ConfigDict(
-        handler.restore(step_dir / "config", args=ocp.args.JsonRestore())
+    config = _with_defaults(
+        ml_collections.ConfigDict(handler.restore(step_dir / "config", args=ocp.args.JsonRestore()))
     )
     tok_json = handler.restore(step_dir / "tokenizer", args=ocp.args.JsonRestore())
     tokenizer = Tokenizer(base64.b64decode(tok_json["sentencepiece_model_base64"]))

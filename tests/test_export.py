@@ -23,6 +23,9 @@ SAMPLE_TEXTS = (
     "naïve café 東京 ẞ ﬁ ① 🙂",
     "The <mask> stood near the <mask>.",
     "a<mask>b",
+    "x  <mask>  y",
+    "It is <mask>.",
+    "<s>literal</s> tags <pad><unk>",
     "",
 )
 FILL_MASK_TEXT = "The old <mask> stood."  # fits the tiny models' 32 positions
@@ -98,14 +101,8 @@ def test_fresh_process_reload_matches_jax(exports, reloaded):
 
 
 def _reference_ids(tok, text: str) -> list[int]:
-    """HF semantics on top of SentencePiece: a literal `<mask>` is the mask id and the text
-    around it is encoded as separate pieces; `<s> ... </s>` around the whole."""
-    ids = []
-    for i, part in enumerate(text.split("<mask>")):
-        if i:
-            ids.append(tok.mask_id)
-        ids += tok.encode(part)
-    return [tok.bos_id, *ids, tok.eos_id]
+    """The JAX side's query encoding (literal special strings -> their ids) in `<s> ... </s>`."""
+    return [tok.bos_id, *tok.encode_query(text), tok.eos_id]
 
 
 def test_tokenizer_ids_equal_the_pipelines(exports, reloaded):
