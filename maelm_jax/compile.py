@@ -41,7 +41,7 @@ EXIT_DOES_NOT_FIT = 1
 EXIT_ERROR = 2
 FLOPS_MODES = ("unrolled", "skip")
 # The counting program's matmuls stay whole; the arithmetic is the same either way.
-_NO_WINDOWED_EINSUM = {
+NO_WINDOWED_EINSUM = {
     "xla_tpu_enable_windowed_einsum_for_all_gather": False,
     "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
 }
@@ -186,7 +186,7 @@ def oom_summary(oom_message: str, allocations: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _compile(config: ml_collections.ConfigDict, devices: list, options: dict | None = None):
+def compile_step(config: ml_collections.ConfigDict, devices: list, options: dict | None = None):
     """(Compiled or None, OOM message or None, mesh, seconds to lower and compile)."""
     mesh = sharding.create_mesh(config, devices=devices)
     progs = programs.build(config, mesh, config.vocab_size)
@@ -248,7 +248,7 @@ def _count_flops(config, devices, compiled, mode: str):
         return None, "skipped: the step does not compile within HBM", None
     if not matmul_loops(compiled.as_text()):
         return _flops(compiled), "the configured program, which has no loops with matmuls", None
-    counting, oom, _, seconds = _compile(_counting_config(config), devices, _NO_WINDOWED_EINSUM)
+    counting, oom, _, seconds = compile_step(_counting_config(config), devices, NO_WINDOWED_EINSUM)
     if counting is None:
         return None, f"failed: the unrolled program ran out of memory ({oom})", seconds
     source = "unrolled compile (no layer scan, no windowed einsums, one micro-batch)"
@@ -272,7 +272,7 @@ def analyze(
         raise ConfigError(f"flops={flops!r} is not allowed; use one of {FLOPS_MODES}")
     slice_ = tpu_chips.parse(topology)
     devices = topology_devices(slice_, num_slices)
-    compiled, oom, mesh, seconds = _compile(config, devices)
+    compiled, oom, mesh, seconds = compile_step(config, devices)
     memory = None if compiled is None else Memory.of(compiled)
     hbm = hbm_bytes or slice_.chip.usable_hbm_bytes
     needed = memory.total if memory else required_bytes(oom)
@@ -354,15 +354,20 @@ def format_report(r: Report) -> str:
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
-flags.DEFINE_string(
-    "topology", None, f"TPU slice, e.g. {', '.join(tpu_chips.EXAMPLES)}.", required=True
-)
-flags.DEFINE_integer("num_slices", 1, "Slices joined over DCN (config.mesh.dcn).")
-flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
-flags.DEFINE_enum("flops", "unrolled", FLOPS_MODES, "How to count FLOPs; see the module doc.")
-flags.DEFINE_integer("hbm_bytes", 0, "Judge `fits` against this per chip; 0: the chip's HBM.")
-flags.mark_flags_as_required(["config"])
+
+
+def define_flags() -> None:
+    """The command's flags, defined only when it runs: `maelm_jax.flops` imports this
+    module for its compile helpers and defines flags of the same names."""
+    config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+    flags.DEFINE_string(
+        "topology", None, f"TPU slice, e.g. {', '.join(tpu_chips.EXAMPLES)}.", required=True
+    )
+    flags.DEFINE_integer("num_slices", 1, "Slices joined over DCN (config.mesh.dcn).")
+    flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
+    flags.DEFINE_enum("flops", "unrolled", FLOPS_MODES, "How to count FLOPs; see the module doc.")
+    flags.DEFINE_integer("hbm_bytes", 0, "Judge `fits` against this per chip; 0: the chip's HBM.")
+    flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -387,5 +392,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     jax.config.config_with_absl()
     app.run(main)
