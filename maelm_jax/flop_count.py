@@ -26,9 +26,11 @@ model's, and is not counted (`maelm_jax.compile` reports what the chips execute)
 
 import dataclasses
 
+import jax
 import ml_collections
 
-from maelm_jax import configuration
+from maelm_jax import configuration, programs
+from maelm_jax.model import count_params, init_inputs
 
 REGIONS = ("embedding", "encoder", "decoder", "lm_head", "optimizer")
 FORWARD_BACKWARD = 3
@@ -117,11 +119,6 @@ def step_flops(config: ml_collections.ConfigDict, num_params: int) -> float:
 
 def num_params(config: ml_collections.ConfigDict) -> int:
     """Parameters of `config`'s model, from shapes alone (nothing is allocated)."""
-    import jax  # noqa: PLC0415  (keeps the formula importable without touching jax)
-
-    from maelm_jax import programs  # noqa: PLC0415
-    from maelm_jax.model import count_params, init_inputs  # noqa: PLC0415
-
     model, masking_cfg = programs.model_and_masking(config, config.vocab_size)
     shapes = jax.eval_shape(
         model.init, jax.random.PRNGKey(0), *init_inputs(config.seq_len, masking_cfg.num_masked)

@@ -50,7 +50,7 @@ METHODS = {
     "3ml_self": ("mae_lm", 0.5, "self", 2, 0),
     "3ml_cross": ("mae_lm", 0.5, "cross", 2, 0),
 }
-COLUMNS = flop_count.REGIONS + ("other",)
+COLUMNS = (*flop_count.REGIONS, "other")
 
 
 def method_config(config: ml_collections.ConfigDict, method: str, mask_rate: float | None):
@@ -129,7 +129,10 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
     params = nn.meta.unbox(
         jax.eval_shape(model.init, jax.random.PRNGKey(0), *init_inputs(length, k))["params"]
     )
-    sub = lambda *names: {n: jax.tree_util.tree_map(lambda x: _shape(x.shape, x.dtype, device), params[n]) for n in names}  # fmt: skip
+    on_device = lambda tree: jax.tree_util.tree_map(
+        lambda x: _shape(x.shape, x.dtype, device), tree
+    )
+    sub = lambda *names: {n: on_device(params[n]) for n in names}
     ints = lambda *shape: _shape(shape, jnp.int32, device)
     vectors = lambda n: _shape((batch, n, cfg.hidden_size), cfg.dtype, device)
     valid = lambda n: _shape((batch, n), jnp.bool_, device)
@@ -150,22 +153,18 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
             (sub("encoder"), vectors(tokens), ints(batch, tokens), valid(tokens)),
         ),
     }
-    if cfg.objective == "mae_lm" and cfg.decoder == "self":
+    if cfg.objective == "mae_lm":
+        decoder_inputs = (
+            (ints(batch, tokens), ints(batch, k), valid(length))  # visible, masked, valid
+            if cfg.decoder == "self"
+            else (valid(tokens), ints(batch, k), valid(k))  # encoded valid, masked, valid
+        )
         regions["decoder"] = (
             _forward_backward(
-                lambda p, x, vis, msk, v: call(lambda m, *a: m.decoder(*a, False), p, x, vis, msk, v),
-                (0, 1),
+                lambda p, x, *a: call(lambda m, *a: m.decoder(*a, False), p, x, *a), (0, 1)
             ),
-            (sub("decoder"), vectors(tokens), ints(batch, tokens), ints(batch, k), valid(length)),
-        )  # fmt: skip
-    elif cfg.objective == "mae_lm":
-        regions["decoder"] = (
-            _forward_backward(
-                lambda p, x, xv, msk, mv: call(lambda m, *a: m.decoder(*a, False), p, x, xv, msk, mv),
-                (0, 1),
-            ),
-            (sub("decoder"), vectors(tokens), valid(tokens), ints(batch, k), valid(k)),
-        )  # fmt: skip
+            (sub("decoder"), vectors(tokens), *decoder_inputs),
+        )
 
     def head_loss(p, hidden, labels, weights):
         logits = call(lambda m, h: m.lm_head(h, m.token_embed), p, hidden)
@@ -181,10 +180,7 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
         ),
     )
     tx = optimizer.create_optimizer(config)
-    state = jax.tree_util.tree_map(lambda x: _shape(x.shape, x.dtype, device), params)
-    opt_state = jax.tree_util.tree_map(
-        lambda x: _shape(x.shape, x.dtype, device), jax.eval_shape(tx.init, params)
-    )
+    state, opt_state = on_device(params), on_device(jax.eval_shape(tx.init, params))
 
     def update(p, o, g):
         updates, o = tx.update(g, o, p)
