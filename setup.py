@@ -32,6 +32,9 @@ setup(
         # Checkpoint export to HuggingFace. On CPU-only machines run
         # `pip install torch==2.13.0` first: a bare torch requirement pulls CUDA wheels.
         "torch": ["torch>=2.4", "transformers>=4.46", "safetensors>=0.4"],
+        # Opens the XProf traces that `config.profile_num_steps` writes (TensorBoard's
+        # Profile tab, or `xprof --logdir=WORKDIR`).
+        "profile": ["xprof>=2.24"],
         "test": ["pytest>=8", "ruff>=0.6", "jax[tpu]>=0.10.2,<0.11"],
     },
 )
