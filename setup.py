@@ -44,6 +44,9 @@ setup(
             "accelerate>=1.0",
             "scikit-learn>=1.4",
         ],
+        # Opens the XProf traces that `config.profile_num_steps` writes (TensorBoard's
+        # Profile tab, or `xprof --logdir=WORKDIR`).
+        "profile": ["xprof>=2.24"],
         "test": [
             "pytest>=8",
             "ruff>=0.6",

@@ -119,6 +119,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.init_from = config_dict.placeholder(str)  # checkpoint dir: weights only, step 0
     c.nonfinite = "stop"  # "stop" | "skip"
     c.profile_num_steps = 0  # >0: capture an XProf trace of this many steps (process 0)
+    c.profile_start_step = 10  # the window's first step; after the first step (the compile)
+    # MFU's denominator per device; 0: look the device up (maelm_jax/accelerators.py; CPUs
+    # are not there, so a CPU run logs no MFU unless this is set).
+    c.peak_flops_per_device = 0.0
     c.inject_nan_at_step = -1  # fault injection for tests: this step's loss becomes NaN
 
     # Device mesh: parallelism per axis within a slice (ici) and across slices (dcn);

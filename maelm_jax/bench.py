@@ -1,13 +1,10 @@
-"""Benchmarks that print numbers: compute per step and training speed on this machine.
+"""Benchmarks that print numbers: training speed and checkpoint saves on this machine.
 
-    python -m maelm_jax.bench flops --configs=mlm_base,three_ml_self_base --batch_size=8
     python -m maelm_jax.bench speed --configs=default --steps=20
     python -m maelm_jax.bench checkpoint --configs=mae_lm_base
 
-`flops` compiles one forward+backward (no optimizer) per config with the layers unrolled:
-XLA's cost analysis counts a scanned loop body once, so scanned numbers would be far too low.
 `speed` times the real sharded train step on the local devices (random token ids: content
-does not change the work).
+does not change the work). FLOPs per step by method and region: `python -m maelm_jax.flops`.
 """
 
 import importlib
@@ -15,7 +12,6 @@ import pathlib
 import tempfile
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,17 +21,13 @@ from maelm_jax import (
     checkpoint_integrity,
     checkpointing,
     cli,
-    configuration,
-    loss,
-    masking,
     metric_logging,
     programs,
     sharding,
     train,
-    train_step,
 )
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.model import count_params, init_inputs
+from maelm_jax.model import count_params
 from maelm_jax.tokenizer import BOS_ID, FIRST_REGULAR_ID, Tokenizer
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -59,44 +51,6 @@ def _config(name: str):
     if FLAGS.seq_len:
         config.seq_len = FLAGS.seq_len
     return config
-
-
-def forward_backward_flops(config) -> tuple[float, int, int]:
-    """(XLA FLOPs of one forward+backward, total params, encoder params) for `config`."""
-    config.model.scan_layers = False
-    model, mask_cfg = programs.model_and_masking(config, config.vocab_size)
-    ids = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
-    params = jax.eval_shape(
-        model.init, jax.random.PRNGKey(0), *init_inputs(config.seq_len, mask_cfg.num_masked)
-    )["params"]
-    params = nn.meta.unbox(params)
-
-    def loss_fn(p, input_ids, rng):
-        batch = masking.mask_batch(rng, input_ids, mask_cfg)
-        return loss.mean_loss(train_step.loss_sums(p, batch, rng, model)[1])
-
-    compiled = jax.jit(jax.grad(loss_fn)).lower(params, ids, jax.random.PRNGKey(0)).compile()
-    flops = float(compiled.cost_analysis()["flops"])
-    return flops, count_params(params), count_params(params["encoder"])
-
-
-def run_flops() -> None:
-    rows = []
-    for name in FLAGS.configs:
-        config = _config(name)
-        start = time.perf_counter()
-        flops, total, encoder = forward_backward_flops(config)
-        rows.append((name, config, flops, total, encoder, time.perf_counter() - start))
-    base = rows[0][2]
-    print(f"One forward+backward, XLA cost analysis on {jax.devices()[0].device_kind}:")
-    print(f"{'config':22} {'batch x seq':>12} {'k':>4} {'GFLOPs':>10} {'vs first':>9} "
-          f"{'params':>12} {'encoder':>12}")  # fmt: skip
-    for name, config, flops, total, encoder, _ in rows:
-        k = configuration.num_masked(config.mask_rate, config.seq_len)
-        print(
-            f"{name:22} {config.batch_size:>5} x {config.seq_len:<5} {k:>4} "
-            f"{flops / 1e9:>10.1f} {flops / base:>9.3f} {total:>12,} {encoder:>12,}"
-        )
 
 
 def run_speed() -> None:
@@ -191,9 +145,12 @@ def _bench_tokenizer() -> Tokenizer:
 
 def main(argv):
     metric_logging.quiet_library_logs()
-    commands = {"flops": run_flops, "speed": run_speed, "checkpoint": run_checkpoint}
+    commands = {"speed": run_speed, "checkpoint": run_checkpoint}
     if len(argv) != 2 or argv[1] not in commands:
-        raise app.UsageError(f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags]")
+        raise app.UsageError(
+            f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags] "
+            "(FLOPs per step: python -m maelm_jax.flops --config=...)"
+        )
     commands[argv[1]]()
 
 

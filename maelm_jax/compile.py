@@ -1,5 +1,5 @@
 """`python -m maelm_jax.compile --config=configs/<name>.py --topology=v5p-64 [--num_slices=N]
-[--json] [--flops=unrolled|skip] [--hbm_bytes=B] [--config.key=value]`.
+[--json] [--flops=analytic|unrolled|skip] [--hbm_bytes=B] [--max_batch] [--config.key=value]`.
 
 Compiles the real train step for a TPU slice on a CPU-only machine (libtpu's compile-only
 devices), through the same `sharding.create_mesh` and `programs.build` that training uses,
@@ -11,18 +11,26 @@ written in place) + temporaries + the program itself; the compiler's own verdict
 `fits` (it refuses to compile a step that does not fit), and the total is also compared
 with the chip's usable HBM (the compiler's number, a little under the published one).
 
-FLOPs: XLA counts a while loop's body once, so a program with scanned layers, gradient
-accumulation or windowed einsums (on a large mesh XLA:TPU turns an FSDP all-gather + matmul
-into a loop over weight shards: v5p-64 undercounts by ~25%) reports too few. Unless the
-configured program has no loops, `--flops=unrolled` compiles a second program for counting:
-the same step with `model.scan_layers=False`, windowed einsums off, on one micro-batch,
-scaled by `grad_accum_steps` (overcounting the optimizer update, negligibly). FLOPs are
-XLA's per-device count times the devices: what the chips execute, recomputation included.
+FLOPs: one compile is the whole preflight. By default (`--flops=analytic`) FLOPs per step
+are `flop_count`'s model FLOPs (matmuls, forward + backward, optimizer; checked against
+XLA's count of small unrolled programs in the tests); rematerialisation's recomputation is
+not in them, so the step-time bound is what the model's work needs at the chip's bf16 peak.
+XLA's own count of the configured program is no use: it counts a while loop's body once,
+and scanned layers, gradient accumulation and windowed einsums (on a large mesh XLA:TPU
+turns an FSDP all-gather + matmul into a loop over weight shards) are loops. `--flops=
+unrolled` compiles a second program to count what the chips execute, recomputation
+included: the same step with `model.scan_layers=False`, windowed einsums off, on one
+micro-batch, scaled by `grad_accum_steps` (a 24-layer config: minutes more).
+
+`--max_batch` bisects over compiles for the largest global batch that fits, in steps of
+the data-parallel size (batch shards x `grad_accum_steps`, which every batch must divide
+by): doubling (or halving) from the config's batch, then halving the gap.
 """
 
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -34,14 +42,14 @@ from absl import app, flags
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from maelm_jax import cli, programs, sharding, tpu_chips
+from maelm_jax import cli, flop_count, programs, sharding, tpu_chips
 from maelm_jax.configuration import ConfigError
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_ERROR = 2
-FLOPS_MODES = ("unrolled", "skip")
+FLOPS_MODES = ("analytic", "unrolled", "skip")
 # The counting program's matmuls stay whole; the arithmetic is the same either way.
-_NO_WINDOWED_EINSUM = {
+NO_WINDOWED_EINSUM = {
     "xla_tpu_enable_windowed_einsum_for_all_gather": False,
     "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
 }
@@ -135,6 +143,8 @@ class Report:
     flops_source: str
     flops_compile_seconds: float | None
     peak_flops_per_chip: float
+    model_flops_per_step: float  # flop_count's, whatever the source above
+    max_batch: "MaxBatch | None" = None
 
     @property
     def step_seconds_lower_bound(self) -> float | None:
@@ -186,7 +196,7 @@ def oom_summary(oom_message: str, allocations: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _compile(config: ml_collections.ConfigDict, devices: list, options: dict | None = None):
+def compile_step(config: ml_collections.ConfigDict, devices: list, options: dict | None = None):
     """(Compiled or None, OOM message or None, mesh, seconds to lower and compile)."""
     mesh = sharding.create_mesh(config, devices=devices)
     progs = programs.build(config, mesh, config.vocab_size)
@@ -244,11 +254,14 @@ def _count_flops(config, devices, compiled, mode: str):
     """(FLOPs per device or None, where they come from, seconds spent compiling for them)."""
     if mode == "skip":
         return None, "skipped (--flops=skip)", None
+    if mode == "analytic":
+        flops = flop_count.step_flops(config, flop_count.num_params(config))
+        return flops / len(devices), "analytic model FLOPs (maelm_jax/flop_count.py)", None
     if compiled is None:
         return None, "skipped: the step does not compile within HBM", None
     if not matmul_loops(compiled.as_text()):
         return _flops(compiled), "the configured program, which has no loops with matmuls", None
-    counting, oom, _, seconds = _compile(_counting_config(config), devices, _NO_WINDOWED_EINSUM)
+    counting, oom, _, seconds = compile_step(_counting_config(config), devices, NO_WINDOWED_EINSUM)
     if counting is None:
         return None, f"failed: the unrolled program ran out of memory ({oom})", seconds
     source = "unrolled compile (no layer scan, no windowed einsums, one micro-batch)"
@@ -257,22 +270,74 @@ def _count_flops(config, devices, compiled, mode: str):
     return _flops(counting) * config.grad_accum_steps, source, seconds
 
 
+@dataclasses.dataclass(frozen=True)
+class MaxBatch:
+    """The largest global batch that fits, and every probe: (batch, fits, bytes per chip)."""
+
+    batch_size: int  # 0: not even one data-parallel unit fits
+    unit: int  # batches are multiples of this
+    probes: tuple[tuple[int, bool, int | None], ...]
+    seconds: float
+
+
+def batch_unit(config: ml_collections.ConfigDict, devices: list) -> int:
+    """What every global batch must be a multiple of: batch shards x micro-batches."""
+    mesh = sharding.create_mesh(config, devices=devices)
+    spec = sharding.batch_sharding(mesh, sharding.axis_rules(config)).spec
+    axes = () if not spec or spec[0] is None else spec[0]
+    axes = (axes,) if isinstance(axes, str) else axes
+    return math.prod(mesh.shape[a] for a in axes) * config.grad_accum_steps
+
+
+def max_batch(config, devices: list, hbm: int, known: tuple | None = None) -> MaxBatch:
+    """Bisection over compiles; `known` is a probe already made (batch, fits, bytes)."""
+    start = time.perf_counter()
+    unit = batch_unit(config, devices)
+    probes = {known[0]: known} if known else {}
+
+    def fits(units: int) -> bool:
+        batch = units * unit
+        if batch not in probes:
+            c = config.copy_and_resolve_references()
+            c.batch_size = batch
+            compiled, oom, _, _ = compile_step(c, devices)
+            needed = Memory.of(compiled).total if compiled else required_bytes(oom)
+            probes[batch] = (batch, compiled is not None and needed <= hbm, needed)
+        return probes[batch][1]
+
+    lo, hi = 0, max(1, config.batch_size // unit)  # in units: lo fits (0 trivially)
+    if fits(hi):
+        lo, hi = hi, 2 * hi
+        while fits(hi):
+            lo, hi = hi, 2 * hi
+    else:
+        while hi > 1 and not fits(hi // 2):
+            hi //= 2
+        lo = hi // 2 if hi > 1 else 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return MaxBatch(lo * unit, unit, tuple(sorted(probes.values())), time.perf_counter() - start)
+
+
 def analyze(
     config: ml_collections.ConfigDict,
     topology: str,
     num_slices: int = 1,
-    flops: str = "unrolled",
+    flops: str = "analytic",
     hbm_bytes: int | None = None,
+    find_max_batch: bool = False,
 ) -> Report:
     """Compiles `config`'s train step for `num_slices` x `topology` (e.g. "v5p-64").
 
-    `hbm_bytes` replaces the chip's usable HBM in the `fits` verdict (to demand headroom).
+    `hbm_bytes` replaces the chip's usable HBM in the `fits` verdict (to demand headroom);
+    `find_max_batch` adds the largest global batch that fits (more compiles).
     """
     if flops not in FLOPS_MODES:
         raise ConfigError(f"flops={flops!r} is not allowed; use one of {FLOPS_MODES}")
     slice_ = tpu_chips.parse(topology)
     devices = topology_devices(slice_, num_slices)
-    compiled, oom, mesh, seconds = _compile(config, devices)
+    compiled, oom, mesh, seconds = compile_step(config, devices)
     memory = None if compiled is None else Memory.of(compiled)
     hbm = hbm_bytes or slice_.chip.usable_hbm_bytes
     needed = memory.total if memory else required_bytes(oom)
@@ -299,6 +364,10 @@ def analyze(
         flops_source=source,
         flops_compile_seconds=flops_seconds,
         peak_flops_per_chip=slice_.chip.peak_bf16_flops,
+        model_flops_per_step=flop_count.step_flops(config, flop_count.num_params(config)),
+        max_batch=max_batch(config, devices, hbm, (config.batch_size, fits, needed))
+        if find_max_batch
+        else None,
     )
 
 
@@ -350,19 +419,32 @@ def format_report(r: Report) -> str:
             f"step time >= {r.step_seconds_lower_bound:.3g} s at {r.peak_flops_per_chip / 1e12:g}"
             f" TFLOP/s bf16 peak per chip (<= {tokens:,.0f} tokens/s)",
         ]
+    if r.max_batch:
+        mb = r.max_batch
+        probes = ", ".join(f"{b} {'fits' if ok else 'no'}" for b, ok, _ in mb.probes)
+        lines.append(
+            f"largest global batch that fits: {mb.batch_size} (multiples of {mb.unit}; "
+            f"{len(mb.probes)} compiles in {mb.seconds:.0f} s: {probes})"
+        )
     return "\n".join(lines)
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
-flags.DEFINE_string(
-    "topology", None, f"TPU slice, e.g. {', '.join(tpu_chips.EXAMPLES)}.", required=True
-)
-flags.DEFINE_integer("num_slices", 1, "Slices joined over DCN (config.mesh.dcn).")
-flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
-flags.DEFINE_enum("flops", "unrolled", FLOPS_MODES, "How to count FLOPs; see the module doc.")
-flags.DEFINE_integer("hbm_bytes", 0, "Judge `fits` against this per chip; 0: the chip's HBM.")
-flags.mark_flags_as_required(["config"])
+
+
+def define_flags() -> None:
+    """The command's flags, defined only when it runs: `maelm_jax.flops` imports this
+    module for its compile helpers and defines flags of the same names."""
+    config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+    flags.DEFINE_string(
+        "topology", None, f"TPU slice, e.g. {', '.join(tpu_chips.EXAMPLES)}.", required=True
+    )
+    flags.DEFINE_integer("num_slices", 1, "Slices joined over DCN (config.mesh.dcn).")
+    flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
+    flags.DEFINE_enum("flops", "analytic", FLOPS_MODES, "How to count FLOPs; see the module doc.")
+    flags.DEFINE_integer("hbm_bytes", 0, "Judge `fits` against this per chip; 0: the chip's HBM.")
+    flags.DEFINE_boolean("max_batch", False, "Also find the largest batch that fits (compiles).")
+    flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -371,7 +453,12 @@ def main(argv):
     jax.config.update("jax_platforms", "cpu")  # libtpu compiles; no TPU is opened
     try:
         report = analyze(
-            FLAGS.config, FLAGS.topology, FLAGS.num_slices, FLAGS.flops, FLAGS.hbm_bytes or None
+            FLAGS.config,
+            FLAGS.topology,
+            FLAGS.num_slices,
+            FLAGS.flops,
+            FLAGS.hbm_bytes or None,
+            FLAGS.max_batch,
         )
     except (ConfigError, LibtpuMissingError) as e:
         print(f"maelm_jax.compile: error: {e}", file=sys.stderr)
@@ -387,5 +474,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     jax.config.config_with_absl()
     cli.run(main, errors=(LibtpuMissingError,), error_status=EXIT_ERROR, prog="maelm_jax.compile")

@@ -2,7 +2,6 @@
 
 import functools
 import os
-import time
 
 import jax
 import ml_collections
@@ -18,8 +17,10 @@ from maelm_jax import (
     metric_logging,
     multihost,
     paths,
+    profiling,
     programs,
     sharding,
+    telemetry,
 )
 from maelm_jax import documents as documents_lib
 from maelm_jax import tokenizer as tokenizer_lib
@@ -64,9 +65,9 @@ class _TrainMetrics:
     not run after an unchecked step (a log line, a checkpoint).
     """
 
-    def __init__(self, nonfinite_policy: str, tokens_per_step: int):
+    def __init__(self, nonfinite_policy: str, throughput: telemetry.Throughput):
         self._policy = nonfinite_policy
-        self._tokens_per_step = tokens_per_step
+        self._throughput = throughput
         self._pending = None
         self.reset()
 
@@ -74,7 +75,6 @@ class _TrainMetrics:
         self.sums = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
         self.steps = 0
         self.skipped = 0
-        self.start = time.perf_counter()
         self.last = {}
 
     def push(self, step: int, metrics) -> None:
@@ -88,6 +88,7 @@ class _TrainMetrics:
         step, metrics = self._pending
         self._pending = None
         m = jax.device_get(metrics)
+        self._throughput.step_done()
         if int(m["nonfinite"]):
             if self._policy == "stop":
                 raise NonFiniteLossError(
@@ -106,11 +107,10 @@ class _TrainMetrics:
     def row(self) -> dict[str, float]:
         """The log line since the last `reset`: per-target means, rates, skipped updates."""
         self.settle()
-        elapsed = time.perf_counter() - self.start
         # Only skipped steps since the last line: no loss to report, rather than a fake 0.
         row = _host_metrics(self.sums, "train") if self.steps else {}
         row |= self.last
-        row["tokens_per_sec"] = self.steps * self._tokens_per_step / elapsed
+        row |= self._throughput.row()  # tokens/s, model TFLOP/s, MFU, ETA
         row["skipped_updates"] = float(self.skipped)
         self.reset()
         return row
@@ -203,13 +203,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         every_steps=config.log_every_steps,
         every_secs=None,
     )
-    hooks = [report]
-    if process_index == 0 and config.profile_num_steps > 0:
-        hooks.append(
-            periodic_actions.Profile(
-                logdir=os.fspath(workdir), num_profile_steps=config.profile_num_steps
-            )
-        )
+    profile = profiling.ProfileWindow(
+        workdir,
+        config.profile_start_step,
+        config.profile_num_steps if process_index == 0 else 0,
+        start_step,
+    )
+    hooks = [report, profile]
     logging.info(
         "Training %s%s for steps %d..%d: %d train blocks here, k=%d of %d tokens masked",
         config.objective,
@@ -222,7 +222,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     )
 
     # --- The loop. ---
-    totals = _TrainMetrics(config.nonfinite, config.batch_size * config.seq_len)
+    throughput = telemetry.Throughput.for_run(config, tokenizer.vocab_size, start_step)
+    totals = _TrainMetrics(config.nonfinite, throughput)
     preemption = PreemptionWatcher()
     train_batches = data.train.iterate(start_step)
     try:
@@ -261,6 +262,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     break
             totals.settle()
     finally:
+        profile.close()
         preemption.close()
         writer.close()
         checkpointer.close()

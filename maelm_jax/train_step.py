@@ -51,7 +51,8 @@ def loss_sums(params, batch: masking.MaskedBatch, dropout_rng, model: nn.Module)
         segment_ids=batch.segment_ids,
         rngs={"dropout": dropout_rng},
     )
-    sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
+    with jax.named_scope("loss"):
+        sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
     return sums["loss_sum"], sums
 
 
@@ -98,8 +99,9 @@ def train_step(
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(mean) & jnp.isfinite(grad_norm)
 
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    with jax.named_scope("optimizer"):
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
     keep_new = lambda new, old: jnp.where(finite, new, old)
     new_state = state.replace(
         step=state.step + 1,

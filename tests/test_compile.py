@@ -16,7 +16,7 @@ import pytest
 from tiny_configs import tiny_config
 
 from maelm_jax import compile as aot
-from maelm_jax import configuration, tpu_chips
+from maelm_jax import configuration, flop_count, tpu_chips
 from maelm_jax.configuration import ConfigError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_cli_unknown_topology_is_one_line_error(tmp_path):
 
 @needs_libtpu
 def test_cli_json_reports_memory_and_unrolled_flops(tmp_path):
-    result = run_cli(tmp_path, "--topology=v5p-8", "--json")
+    result = run_cli(tmp_path, "--topology=v5p-8", "--json", "--flops=unrolled")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert (report["topology"], report["num_devices"], report["fits"]) == ("v5p-8", 4, True)
@@ -121,6 +121,9 @@ def test_cli_json_reports_memory_and_unrolled_flops(tmp_path):
     # Matmuls plus a little: layer norms, softmax, dropout bits, the optimizer.
     ratio = report["flops_per_step"] / hand_count_flops(tiny_config(**MODEL))
     assert 1.0 <= ratio <= 1.5, ratio
+    # The analytic count the default one-compile preflight uses, against XLA's on TPU.
+    ratio = report["flops_per_step"] / report["model_flops_per_step"]
+    assert 1.0 <= ratio <= 1 + flop_count.TOLERANCE, ratio
     assert report["compile_seconds"] > 0 and report["step_seconds_lower_bound"] > 0
 
 
@@ -141,6 +144,21 @@ def test_two_slices_build_a_hybrid_mesh():
     assert report.mesh_shape == {"data": 2, "fsdp": 4, "tensor": 1}  # data over DCN
     assert report.memory.total >= report.memory.arguments > 0
     assert report.flops_per_step is None and "skip" in report.flops_source
+
+
+@needs_libtpu
+def test_max_batch_fits_and_its_double_does_not():
+    config = tiny_config(**MODEL)
+    devices = aot.topology_devices(tpu_chips.parse("v5p-8"))
+    hbm = aot.analyze(config, "v5p-8", flops="skip").memory.total * 3  # room for ~3x batch 8
+    found = aot.max_batch(config, devices, hbm)
+    assert found.unit == 4 and found.batch_size % found.unit == 0  # fsdp=4 shards the batch
+    assert found.batch_size > config.batch_size
+    for batch, fits in ((found.batch_size, True), (2 * found.batch_size, False)):
+        config.batch_size = batch
+        assert aot.analyze(config, "v5p-8", flops="skip", hbm_bytes=hbm).fits is fits, batch
+    # Bisection: a few compiles, not one per candidate batch.
+    assert len(found.probes) <= 8, found.probes
 
 
 HLO = """

@@ -1,0 +1,74 @@
+"""Throughput for the log line: tokens/s, model TFLOP/s, MFU and the ETA.
+
+Model FLOPs are the analytic count of the running config (`flop_count`: what the model
+needs, not what rematerialisation recomputes), so MFU compares methods fairly: 3ML does
+fewer FLOPs per step and is not credited for the ones it skips. The clock starts once the
+first `WARMUP_STEPS` steps have finished (the first compiles; the next may still wait on
+the input pipeline or a second compile), so the rates describe the steady state; log
+lines before that carry none.
+"""
+
+import time
+
+import jax
+import ml_collections
+
+from maelm_jax import accelerators, flop_count
+
+WARMUP_STEPS = 2
+
+
+class Throughput:
+    """Fed one `step_done()` per finished step; `row()` gives the rates since the last row."""
+
+    def __init__(
+        self,
+        flops_per_step: float,
+        tokens_per_step: int,
+        peak_flops: float | None,
+        steps_left: int,
+    ):
+        self.flops_per_step = flops_per_step
+        self.tokens_per_step = tokens_per_step
+        self.peak_flops = peak_flops  # all devices together; None: no MFU
+        self._steps_left = steps_left
+        self._done = 0
+        self._mark = None  # (steps done, time) where the current window began
+
+    @classmethod
+    def for_run(
+        cls, config: ml_collections.ConfigDict, vocab_size: int, start_step: int
+    ) -> "Throughput":
+        """For `config` with the tokenizer's `vocab_size`, on all of JAX's devices."""
+        c = config.copy_and_resolve_references()
+        c.vocab_size = vocab_size
+        flops = flop_count.step_flops(c, flop_count.num_params(c))
+        per_device = config.peak_flops_per_device or accelerators.peak_flops(
+            jax.devices()[0].device_kind, config.model.dtype
+        )
+        peak = per_device * jax.device_count() if per_device else None
+        tokens = config.batch_size * config.seq_len
+        return cls(flops, tokens, peak, config.num_train_steps - start_step)
+
+    def step_done(self) -> None:
+        self._done += 1
+        if self._done == WARMUP_STEPS:
+            self._mark = (self._done, time.perf_counter())
+
+    def row(self) -> dict[str, float]:
+        if self._mark is None:
+            return {}
+        now = time.perf_counter()
+        steps, seconds = self._done - self._mark[0], now - self._mark[1]
+        if steps == 0 or seconds <= 0:
+            return {}
+        self._mark = (self._done, now)
+        flops_per_sec = steps * self.flops_per_step / seconds
+        row = {
+            "tokens_per_sec": steps * self.tokens_per_step / seconds,
+            "model_tflops_per_sec": flops_per_sec / 1e12,
+            "eta_seconds": max(self._steps_left - self._done, 0) * seconds / steps,
+        }
+        if self.peak_flops:
+            row["mfu"] = flops_per_sec / self.peak_flops
+        return row

@@ -1,0 +1,59 @@
+"""The FLOP report on a small model: XLA's cost analysis of the real step and of each
+region's own program, against the analytic formula (`flop_count`)."""
+
+import jax
+import pytest
+from tiny_configs import tiny_config
+
+from maelm_jax import flop_count, flops
+
+# Wide enough that matmuls dominate and deep enough (6 encoder layers to the paper decoders'
+# 2) that skipping masked tokens in the encoder pays, as at real sizes.
+MODEL = dict(hidden_size=64, mlp_dim=256, num_layers=6, seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    config = tiny_config(**MODEL)
+    methods = ("mlm", "3ml_self", "3ml_cross")
+    return {r.method: r for r in flops.table(config, jax.devices()[:1], 0.5, methods)}
+
+
+def test_masked_encoders_save_flops_in_the_expected_order(rows):
+    # At 50%: 3ML-self's encoder sees half the tokens but its decoder all of them;
+    # 3ML-cross's decoder runs on the masked half only.
+    assert rows["3ml_cross"].xla_total < rows["3ml_self"].xla_total < rows["mlm"].xla_total
+    assert rows["3ml_self"].ratio_to_mlm == pytest.approx(
+        rows["3ml_self"].xla_total / rows["mlm"].xla_total
+    )
+    # Same ordering analytically, and the regions move as the methods say they should.
+    a = {m: r.analytic_regions for m, r in rows.items()}
+    assert a["3ml_cross"]["encoder"] == a["3ml_self"]["encoder"] < a["mlm"]["encoder"]
+    assert a["mlm"]["decoder"] == 0 < a["3ml_cross"]["decoder"] < a["3ml_self"]["decoder"]
+
+
+def test_regions_add_up_to_the_step(rows):
+    for r in rows.values():
+        assert sum(r.analytic_regions.values()) == pytest.approx(r.analytic_total)
+        assert sum(r.xla_regions.values()) == pytest.approx(r.xla_total)
+        # The per-region programs cover the step: what lies between them (masking, the
+        # gathers between regions, the gradient norm) is a small remainder.
+        assert abs(r.xla_regions["other"]) < 0.05 * r.xla_total, r.xla_regions
+        for region in ("encoder", "lm_head", "optimizer"):
+            assert r.xla_regions[region] > 0
+
+
+def test_analytic_total_matches_xla_within_the_tolerance(rows):
+    for r in rows.values():
+        assert 1.0 <= r.xla_over_analytic <= 1 + flop_count.TOLERANCE, (r.method, r)
+        # Per region too: the formula's matmuls are most of what XLA counts.
+        for region in ("encoder", "decoder", "lm_head"):
+            xla, analytic = r.xla_regions[region], r.analytic_regions[region]
+            if analytic:
+                assert 1.0 <= xla / analytic <= 1 + flop_count.TOLERANCE, (r.method, region)
+
+
+def test_table_prints_every_method_and_the_verdict(rows):
+    text = flops.format_table(list(rows.values()), "header")
+    assert [line.split()[0] for line in text.splitlines()[3:6]] == list(rows)
+    assert text.splitlines()[-1].endswith("yes")
