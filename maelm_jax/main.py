@@ -12,7 +12,7 @@ from absl import app, flags, logging
 from clu import platform
 from ml_collections import config_flags
 
-from maelm_jax import metric_logging, train
+from maelm_jax import metric_logging, platforms, train
 from maelm_jax.checkpointing import CheckpointSaveError, silence_writes_after_a_failed_save
 from maelm_jax.configuration import ConfigError
 
@@ -51,6 +51,7 @@ def initialize_distributed() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    platforms.skip_absent_tpu()
     metric_logging.quiet_library_logs()
     silence_writes_after_a_failed_save()
     initialize_distributed()
