@@ -41,6 +41,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.mlm_mask_prob = 0.8
     c.mlm_random_prob = 0.1
     c.seq_len = 512
+    # "segmented": a token attends only within its own document of the packed block (the
+    # official complete_doc blocks never mix documents; ours pack them end to end and
+    # isolate them by segment ids, see maelm_jax/segments.py). "concatenated": the whole
+    # block attends to itself (RoBERTa FULL-SENTENCES), kept for comparison.
+    c.packing = "segmented"
     c.batch_size = 2048  # global, across all processes
     c.num_train_steps = 125_000
     c.seed = 0
@@ -55,6 +60,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.max_positions = 512
     c.model.dropout_rate = 0.1
     c.model.decoder_dropout_rate = 0.0  # MAE-LM trains its decoder without dropout
+    # Dropout on attention probabilities: official MAE-LM uses 0.1 in the encoder and none in
+    # the decoder (its decoder_attn_mode "zero-dropout"). 0 keeps the fused attention kernel.
+    c.model.attention_dropout_rate = 0.1
+    c.model.decoder_attention_dropout_rate = 0.0
+    # What the decoders put at masked slots: "embedding_row" (official MAE-LM: the token
+    # embedding's <mask> row, trained through the decoder) | "learned" (3ML: a separate vector).
+    c.model.mask_token_source = "embedding_row"
     # Relative position bias (MAE-LM's bucketing), shared by all encoder layers; 0 turns it off.
     c.model.relative_attention_buckets = 0
     c.model.relative_attention_max_distance = 128

@@ -9,4 +9,5 @@ def get_config():
     c.mask_rate = 0.5
     c.model.decoder = "self"
     c.model.num_decoder_layers = 2
+    c.model.mask_token_source = "learned"  # 3ML's own [MASK] vector, not the <mask> row
     return c

@@ -1,8 +1,18 @@
 """Multi-head attention and the optional relative position bias (MAE-LM's bucketing).
 
-Attention goes through `jax.nn.dot_product_attention` so XLA (or cuDNN on GPUs) can choose a
-fused kernel. That API has no attention-probability dropout; we keep the fused path and
-regularise with the hidden dropout after each sub-layer instead.
+Which key a query may see is given by segment ids, never by a dense mask: `attend` takes
+query and key segment ids ([B, T], [B, S] int32; a query sees exactly the keys of its own
+segment) and builds the mask in one place. That is the interface of fused TPU kernels with
+segment ids (splash attention), which can replace the XLA path below without touching the
+layers. Padding is segment 0: it sees only padding and no real token sees it, so no query
+row is empty unless its segment has no key at all (a 3ML-cross query whose document is
+entirely masked); such a row outputs zeros rather than a uniform average over other
+documents.
+
+Without dropout, attention goes through `jax.nn.dot_product_attention` so XLA (or cuDNN on
+GPUs) can choose a fused kernel. That API has no attention-probability dropout, so when
+dropout is active (training with a rate > 0, the official MAE-LM encoder's 0.1) the
+probabilities are computed explicitly and dropped, as fairseq does.
 """
 
 import math
@@ -41,9 +51,11 @@ class MultiHeadAttention(nn.Module):
         )
         return kernel.astype(cfg.dtype), bias.astype(cfg.dtype)
 
+    dropout_rate: float = 0.0  # on the attention probabilities
+
     @nn.compact
-    def __call__(self, x, context, mask, bias=None):
-        """mask: bool, broadcastable to [B, N, T, S], True = may attend; bias: [B|1, N, T, S]."""
+    def __call__(self, x, context, segments, bias=None, deterministic: bool = True):
+        """segments: (query [B, T], key [B, S]) int segment ids; bias: [B|1, N, T, S]."""
         cfg = self.config
 
         def project(name, inputs):
@@ -54,9 +66,41 @@ class MultiHeadAttention(nn.Module):
         q, k, v = project("query", x), project("key", context), project("value", context)
         if bias is not None:
             bias = bias.astype(q.dtype)
-        out = ax.constrain(jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask), ax.HEADS)
+        dropout_rng = None
+        if self.dropout_rate > 0.0 and not deterministic:
+            dropout_rng = self.make_rng("dropout")
+        out = attend(q, k, v, *segments, bias, self.dropout_rate, dropout_rng)
         kernel, b = self._weights("out", ("embed",))
-        return jnp.einsum("bsnh,enh->bse", out, kernel) + b
+        return jnp.einsum("bsnh,enh->bse", ax.constrain(out, ax.HEADS), kernel) + b
+
+
+def segment_mask(query_segments, key_segments):
+    """[B, T], [B, S] int -> bool [B, 1, T, S]: True where the key is in the query's segment."""
+    return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
+
+
+def attend(q, k, v, query_segments, key_segments, bias, dropout_rate=0.0, dropout_rng=None):
+    """q [B, T, N, H], k and v [B, S, N, H], segment ids [B, T] and [B, S], bias
+    [B|1, N, T, S] or None -> [B, T, N, H]; dropout on the probabilities iff `dropout_rng`.
+
+    The only place that turns segment ids into a mask: a fused segment-id kernel (splash
+    attention on TPU) replaces this function's body.
+    """
+    mask = segment_mask(query_segments, key_segments)
+    if dropout_rng is None:
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+    else:
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32)
+        logits = logits / np.sqrt(q.shape[-1]).astype(np.float32)
+        if bias is not None:
+            logits = logits + bias.astype(jnp.float32)
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(logits, axis=-1)
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(v.dtype)
+        out = jnp.einsum("bnts,bsnh->btnh", probs, v)
+    has_key = jnp.any(mask, axis=-1)[:, 0, :, None, None]  # [B, T, 1, 1]
+    return jnp.where(has_key, out, jnp.zeros((), out.dtype))
 
 
 def relative_position_buckets(num_buckets: int, max_distance: int, max_positions: int):

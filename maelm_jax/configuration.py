@@ -15,6 +15,8 @@ OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 NONFINITE_POLICIES = ("stop", "skip")
+PACKINGS = ("segmented", "concatenated")  # see segments.py
+MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model.py
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 VOCAB_MULTIPLE = 128
 
@@ -53,6 +55,9 @@ class ModelConfig:
     max_positions: int
     dropout_rate: float
     decoder_dropout_rate: float
+    attention_dropout_rate: float
+    decoder_attention_dropout_rate: float
+    mask_token_source: str
     relative_attention_buckets: int
     relative_attention_max_distance: int
     dtype: Any
@@ -78,6 +83,8 @@ class MaskingConfig:
     vocab_size: int  # the tokenizer's (unpadded): random replacements stay inside it
     mask_id: int
     pad_id: int
+    eos_id: int  # ends every document in a block: segment ids follow from it
+    packing: str  # "segmented" | "concatenated", see segments.py
     special_ids: tuple[int, ...]  # never chosen while a row has enough other tokens
     first_regular_id: int  # random replacements are drawn from [first_regular_id, vocab_size)
 
@@ -135,8 +142,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"model.remat_policy={m.remat_policy!r}; use one of {REMAT_POLICIES}",
     )
     _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {tuple(DTYPES)}")
-    for key in ("dropout_rate", "decoder_dropout_rate"):
+    for key in (
+        "dropout_rate",
+        "decoder_dropout_rate",
+        "attention_dropout_rate",
+        "decoder_attention_dropout_rate",
+    ):
         _require(0.0 <= m[key] < 1.0, f"model.{key}={m[key]} must lie in [0, 1)")
+    _require(
+        m.mask_token_source in MASK_TOKEN_SOURCES,
+        f"model.mask_token_source={m.mask_token_source!r}; use one of {MASK_TOKEN_SOURCES}",
+    )
+    _require(
+        config.packing in PACKINGS,
+        f"packing={config.packing!r} is not allowed; use one of {PACKINGS}",
+    )
     _require(
         m.relative_attention_buckets >= 0,
         f"model.relative_attention_buckets={m.relative_attention_buckets} must be >= 0",
@@ -173,6 +193,9 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelCon
         max_positions=m.max_positions,
         dropout_rate=m.dropout_rate,
         decoder_dropout_rate=m.decoder_dropout_rate,
+        attention_dropout_rate=m.attention_dropout_rate,
+        decoder_attention_dropout_rate=m.decoder_attention_dropout_rate,
+        mask_token_source=m.mask_token_source,
         relative_attention_buckets=m.relative_attention_buckets,
         relative_attention_max_distance=m.relative_attention_max_distance,
         dtype=DTYPES[m.dtype],
@@ -189,6 +212,7 @@ def masking_config(
     vocab_size: int,
     mask_id: int,
     pad_id: int,
+    eos_id: int,
     special_ids: tuple[int, ...],
     first_regular_id: int,
 ) -> MaskingConfig:
@@ -203,6 +227,8 @@ def masking_config(
         vocab_size=vocab_size,
         mask_id=mask_id,
         pad_id=pad_id,
+        eos_id=eos_id,
+        packing=config.packing,
         special_ids=tuple(special_ids),
         first_regular_id=first_regular_id,
     )

@@ -5,6 +5,15 @@ encoder's shrunken sequence is a plain gather and the train step compiles once w
 batch holds. Each example draws from its own key (`split(rng, B)[i]`), so its mask depends
 only on (rng, its row in the global batch), never on how the batch is later sharded; with
 `jax_threefry_partitionable` (on in the train step) those keys are also generated shard-local.
+
+k and padding: k is the same for every row whatever it holds, so a row with padding (the
+last block of a split, eval top-up rows) still gets k slots: they go to regular tokens while
+there are at least k of them, then to padding, then to `<s>`/`</s>`. Slots on padding or
+specials are "forced": weight 0, never a target, and padding is never corrupted, so the
+loss's denominator counts real targets only. A full block's real targets are exactly k; a
+padded row's are min(k, its regular tokens). Masking ignores document boundaries: slots are
+drawn uniformly over the row, so a document gets its share of the k in expectation
+(fairseq's per-block masking of complete_doc blocks draws per document instead).
 """
 
 from typing import NamedTuple
@@ -12,6 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from maelm_jax import segments
 from maelm_jax.configuration import MaskingConfig
 
 # Which slots fill the k first: regular tokens, then padding, then <s>/</s>. A row with
@@ -28,6 +38,7 @@ class MaskedBatch(NamedTuple):
     masked_idx: jax.Array  # [B, k] ascending positions
     visible_idx: jax.Array  # [B, L - k] ascending; with masked_idx a permutation of 0..L-1
     mask_weights: jax.Array  # [B, k] float32: 1 for real targets, 0 for forced slots
+    segment_ids: jax.Array  # [B, L] int32 document of each position, 0 = padding (segments.py)
 
 
 def choose_slots(key: jax.Array, ids: jax.Array, cfg: MaskingConfig):
@@ -79,7 +90,10 @@ def mask_batch(rng: jax.Array, input_ids: jax.Array, cfg: MaskingConfig) -> Mask
         model_ids = ids
         if cfg.objective == "mlm":
             model_ids = corrupt_for_mlm(corrupt_key, ids, masked_idx, weights, cfg)
-        return MaskedBatch(model_ids, ids[masked_idx], masked_idx, visible_idx, weights)
+        segment_ids = segments.segment_ids(ids, cfg.eos_id, cfg.pad_id, cfg.packing)
+        return MaskedBatch(
+            model_ids, ids[masked_idx], masked_idx, visible_idx, weights, segment_ids
+        )
 
     keys = jax.random.split(rng, input_ids.shape[0])
     return jax.vmap(one_row)(keys, input_ids)

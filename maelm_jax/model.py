@@ -3,8 +3,14 @@
 One encoder serves all three. It embeds each token at its *original* position, so the
 MAE-LM encoder can run on the visible subsequence alone (`visible_idx`, a static-shape
 gather) and still know where every token sits. The decoders, used only in pretraining, put
-a learned [MASK] embedding at the masked slots; the LM head only ever sees the k masked
-slots, so logits are [B, k, V], never [B, L, V].
+a [MASK] vector at the masked slots (`mask_token_source`: "embedding_row", the token
+embedding's `<mask>` row as official MAE-LM does, so its gradient reaches that row; or
+"learned", a separate vector as 3ML does); the LM head only ever sees the k masked slots, so
+logits are [B, k, V], never [B, L, V].
+
+Attention is confined to documents by segment ids ([B, L] int32, 0 = padding; see
+segments.py and attention.py). They travel with every static-shape gather: the MAE-LM
+encoder reads them at `visible_idx`, the 3ML-cross queries at `masked_idx`.
 """
 
 import flax.linen as nn
@@ -21,11 +27,6 @@ def gather_positions(x, idx):
     """x: [B, L, ...], idx: [B, n] -> [B, n, ...] (rows gather independently)."""
     idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
     return jnp.take_along_axis(x, idx, axis=1)
-
-
-def attention_mask(valid):
-    """valid: bool [B, S] (False at padding) -> key mask [B, 1, 1, S]."""
-    return valid[:, None, None, :]
 
 
 class PositionEmbedding(nn.Module):
@@ -52,8 +53,8 @@ class Encoder(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, token_vectors, positions, valid, deterministic: bool):
-        """token_vectors [B, T, E], positions [B, T], valid bool [B, T] -> [B, T, E]."""
+    def __call__(self, token_vectors, positions, segment_ids, deterministic: bool):
+        """token_vectors [B, T, E], positions [B, T], segment_ids int [B, T] -> [B, T, E]."""
         cfg = self.config
         x = token_vectors + PositionEmbedding(cfg, name="position_embed")(positions)
         x = layer_norm(cfg, "embed_norm")(x)
@@ -68,15 +69,19 @@ class Encoder(nn.Module):
             cfg.num_layers,
             "layers",
             x,
-            attention_mask(valid),
+            segment_ids,
             bias,
             dropout_rate=cfg.dropout_rate,
+            attention_dropout_rate=cfg.attention_dropout_rate,
             deterministic=deterministic,
         )
 
 
-def mask_embedding(module: nn.Module, config: ModelConfig):
-    """The learned [MASK] vector the decoders put at masked slots: [E], compute dtype."""
+def mask_embedding(module: nn.Module, config: ModelConfig, mask_vector):
+    """The [MASK] vector the decoders put at masked slots: [E], compute dtype; `mask_vector`
+    (the `<mask>` embedding row) if given, else the decoder's learned `mask_embedding`."""
+    if mask_vector is not None:
+        return mask_vector.astype(config.dtype)
     vector = module.param(
         "mask_embedding",
         ax.param(nn.initializers.normal(config.init_std), ("embed",)),
@@ -92,8 +97,11 @@ class SelfDecoder(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, encoded, visible_idx, masked_idx, valid, deterministic: bool):
-        """encoded [B, L-k, E] at visible_idx; masked_idx [B, k]; valid [B, L] -> [B, k, E].
+    def __call__(
+        self, encoded, visible_idx, masked_idx, segment_ids, deterministic: bool, mask_vector
+    ):
+        """encoded [B, L-k, E] at visible_idx; masked_idx [B, k]; segment_ids [B, L]; mask_vector
+        [E] or None (learned) -> [B, k, E].
 
         Concatenating [encoded; MASK x k] and gathering with the inverse of the permutation
         (visible_idx, masked_idx) puts every vector back at its original position: an
@@ -101,10 +109,11 @@ class SelfDecoder(nn.Module):
         """
         cfg = self.config
         batch, k = masked_idx.shape
-        masks = jnp.broadcast_to(mask_embedding(self, cfg), (batch, k, cfg.hidden_size))
+        mask = mask_embedding(self, cfg, mask_vector)
+        masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
         slots = jnp.concatenate([encoded.astype(cfg.dtype), masks], axis=1)
         restore = jnp.argsort(jnp.concatenate([visible_idx, masked_idx], axis=1), axis=1)
-        positions = jnp.broadcast_to(jnp.arange(valid.shape[1]), valid.shape)
+        positions = jnp.broadcast_to(jnp.arange(segment_ids.shape[1]), segment_ids.shape)
         x = ax.constrain(gather_positions(slots, restore), ax.HIDDEN)
         x = x + PositionEmbedding(cfg, name="position_embed")(positions)
         self.sow("intermediates", "decoder_input", x)
@@ -116,9 +125,10 @@ class SelfDecoder(nn.Module):
             cfg.num_decoder_layers,
             "layers",
             x,
-            attention_mask(valid),
+            segment_ids,
             None,
             dropout_rate=cfg.decoder_dropout_rate,
+            attention_dropout_rate=cfg.decoder_attention_dropout_rate,
             deterministic=deterministic,
         )
         return gather_positions(x, masked_idx)
@@ -130,12 +140,21 @@ class CrossDecoder(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, encoded, encoded_valid, masked_idx, masked_valid, deterministic: bool):
-        """encoded [B, L-k, E] (valid where encoded_valid); masked_idx, masked_valid [B, k]
-        -> [B, k, E]."""
+    def __call__(
+        self,
+        encoded,
+        encoded_segments,
+        masked_idx,
+        masked_segments,
+        deterministic: bool,
+        mask_vector,
+    ):
+        """encoded [B, L-k, E] with its segment ids encoded_segments [B, L-k]; masked_idx,
+        masked_segments [B, k]; mask_vector [E] or None (learned) -> [B, k, E]."""
         cfg = self.config
         batch, k = masked_idx.shape
-        masks = jnp.broadcast_to(mask_embedding(self, cfg), (batch, k, cfg.hidden_size))
+        mask = mask_embedding(self, cfg, mask_vector)
+        masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
         x = masks + PositionEmbedding(cfg, name="position_embed")(masked_idx)
         x = ax.constrain(x, ax.HIDDEN)
         self.sow("intermediates", "decoder_input", x)
@@ -147,10 +166,11 @@ class CrossDecoder(nn.Module):
             cfg.num_decoder_layers,
             "layers",
             x,
-            attention_mask(masked_valid),
+            masked_segments,
             encoded.astype(cfg.dtype),
-            attention_mask(encoded_valid),
+            encoded_segments,
             dropout_rate=cfg.decoder_dropout_rate,
+            attention_dropout_rate=cfg.decoder_attention_dropout_rate,
             deterministic=deterministic,
         )
 
@@ -187,6 +207,7 @@ class MaskedLM(nn.Module):
 
     config: ModelConfig
     pad_id: int
+    mask_id: int = 4  # the `<mask>` row for mask_token_source="embedding_row" (tokenizer.MASK_ID)
 
     def setup(self):
         cfg = self.config
@@ -202,32 +223,55 @@ class MaskedLM(nn.Module):
             self.decoder = (SelfDecoder if cfg.decoder == "self" else CrossDecoder)(cfg)
         self.lm_head = LMHead(cfg)
 
-    def encode(self, input_ids, positions, deterministic: bool = True):
-        """input_ids, positions: [B, T] -> [B, T, E]; padding (pad_id) is never attended to."""
-        return self.encoder(
-            self.token_embed(input_ids), positions, input_ids != self.pad_id, deterministic
-        )
+    def _segments(self, input_ids, segment_ids):
+        """The given segment ids, or one segment of all non-pad tokens (padding 0)."""
+        if segment_ids is None:
+            return (input_ids != self.pad_id).astype(jnp.int32)
+        return segment_ids
 
-    def __call__(self, input_ids, masked_idx, visible_idx, deterministic: bool = True):
-        """input_ids [B, L], masked_idx [B, k], visible_idx [B, L-k] -> logits [B, k, V].
+    def encode(self, input_ids, positions, deterministic: bool = True, segment_ids=None):
+        """input_ids, positions: [B, T] -> [B, T, E]; segment_ids [B, T] (default: every non-pad
+        token in one segment) confine attention to a document; padding is never attended to."""
+        segment_ids = self._segments(input_ids, segment_ids)
+        return self.encoder(self.token_embed(input_ids), positions, segment_ids, deterministic)
+
+    def _mask_vector(self):
+        """The `<mask>` embedding row [E], or None where the decoder learns its own vector."""
+        if self.config.mask_token_source == "embedding_row":
+            return self.token_embed.embedding[self.mask_id]
+        return None
+
+    def __call__(
+        self, input_ids, masked_idx, visible_idx, deterministic: bool = True, segment_ids=None
+    ):
+        """input_ids [B, L], masked_idx [B, k], visible_idx [B, L-k], segment_ids [B, L] or
+        None (one segment of all non-pad tokens) -> logits [B, k, V].
 
         For "mae_lm" the ids at masked_idx are never read: the encoder gathers visible_idx.
         """
         cfg = self.config
-        valid = input_ids != self.pad_id
+        segment_ids = self._segments(input_ids, segment_ids)
         if cfg.objective == "mlm":
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
-            hidden = gather_positions(self.encode(input_ids, positions, deterministic), masked_idx)
-            return self.lm_head(hidden, self.token_embed)
+            encoded = self.encode(input_ids, positions, deterministic, segment_ids)
+            return self.lm_head(gather_positions(encoded, masked_idx), self.token_embed)
         visible_ids = gather_positions(input_ids, visible_idx)
-        encoded = self.encode(visible_ids, visible_idx, deterministic)
+        visible_segments = gather_positions(segment_ids, visible_idx)
+        encoded = self.encode(visible_ids, visible_idx, deterministic, visible_segments)
         self.sow("intermediates", "encoder_output", encoded)
         if cfg.decoder == "self":
-            hidden = self.decoder(encoded, visible_idx, masked_idx, valid, deterministic)
-        else:
-            masked_valid = gather_positions(valid, masked_idx)
             hidden = self.decoder(
-                encoded, visible_ids != self.pad_id, masked_idx, masked_valid, deterministic
+                encoded, visible_idx, masked_idx, segment_ids, deterministic, self._mask_vector()
+            )
+        else:
+            masked_segments = gather_positions(segment_ids, masked_idx)
+            hidden = self.decoder(
+                encoded,
+                visible_segments,
+                masked_idx,
+                masked_segments,
+                deterministic,
+                self._mask_vector(),
             )
         return self.lm_head(hidden, self.token_embed)
 

@@ -61,10 +61,12 @@ def model_and_masking(
         vocab_size=vocab_size,
         mask_id=MASK_ID,
         pad_id=PAD_ID,
+        eos_id=EOS_ID,
         special_ids=(BOS_ID, PAD_ID, EOS_ID),
         first_regular_id=FIRST_REGULAR_ID,
     )
-    return MaskedLM(configuration.model_config(config, vocab_size), pad_id=PAD_ID), masking_cfg
+    model_cfg = configuration.model_config(config, vocab_size)
+    return MaskedLM(model_cfg, pad_id=PAD_ID, mask_id=MASK_ID), masking_cfg
 
 
 def build(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int) -> Programs:

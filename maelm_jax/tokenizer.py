@@ -2,8 +2,15 @@
 
 Ids 0..4 are `<s>`, `<pad>`, `</s>`, `<unk>`, `<mask>` (fairseq's dictionary order, so the
 model code's constants match RoBERTa's); every other piece has an id >= `FIRST_REGULAR_ID`.
-`<mask>` is a user-defined symbol: the literal text "<mask>" encodes to `MASK_ID`, which lets
-a person type a fill-in-the-blank query.
+
+Data hygiene: corpus text never becomes a special id. All four of `<s>`, `<pad>`, `</s>`,
+`<mask>` are SentencePiece control symbols, which `encode` never emits, and byte fallback
+means `<unk>` never appears either; so a literal "<mask>" in a document is the ordinary
+pieces of "<", "mask", ">" and the model never sees the mask id where nothing was masked (the
+official pipeline asserts the same). Models trained by older versions, where `<mask>` was a
+user-defined symbol that text could produce, are upgraded on load (see `_canonical`). A
+person's fill-in-the-blank query goes through `encode_query`, which maps the special tokens'
+literal strings to their ids.
 
 Training choices, see `train`:
 * unigram LM rather than BPE: SentencePiece's default, the fastest to train from an in-memory
@@ -29,6 +36,8 @@ import ml_collections
 import sentencepiece as spm
 from absl import logging
 from etils import epath
+from google.protobuf.message import DecodeError
+from sentencepiece import sentencepiece_model_pb2
 
 from maelm_jax import multihost
 from maelm_jax.configuration import ConfigError
@@ -46,23 +55,53 @@ MODEL_FILENAME = "tokenizer.model"
 # line (paragraph) at a time, so only pathological lines are lost.
 _MAX_SENTENCE_BYTES = 1 << 16
 _MAX_TRAIN_SENTENCES = 10_000_000  # sampled down to this many if there are more
+_PIECE = sentencepiece_model_pb2.ModelProto.SentencePiece
+_SPECIAL_TEXT = re.compile("|".join(re.escape(p) for p in SPECIAL_PIECES))
+
+
+def _canonical(proto: bytes) -> tuple[bytes, bytes, bytes]:
+    """(canonical model, its variant without the dummy "▁" prefix, a decoding variant).
+
+    Canonical: ids 0, 1, 2, 4 are CONTROL pieces, so no text encodes to them. Older models
+    had `<mask>` as a USER_DEFINED piece (text "<mask>" encoded to its id); this rewrites
+    its type, which changes nothing else: ids, scores and every other text's encoding stay.
+    The no-prefix variant encodes text that directly follows a special token in a query
+    ("<mask>." -> "." rather than "▁."). The decoding variant keeps `<mask>` USER_DEFINED so
+    that `decode` shows it as "<mask>" instead of dropping it as it drops control pieces.
+    """
+    model = sentencepiece_model_pb2.ModelProto()
+    try:
+        model.ParseFromString(proto)
+    except DecodeError as e:
+        raise ConfigError(f"not a SentencePiece model ({e})") from None
+    pieces = tuple(p.piece for p in model.pieces[: len(SPECIAL_PIECES)])
+    if pieces != SPECIAL_PIECES:
+        raise ConfigError(
+            f"SentencePiece model has special pieces {pieces} at ids 0..4; maelm_jax needs "
+            f"{SPECIAL_PIECES} (train one with maelm_jax.tokenizer.train)"
+        )
+    for token_id in (BOS_ID, PAD_ID, EOS_ID, MASK_ID):
+        model.pieces[token_id].type = _PIECE.CONTROL
+    canonical = model.SerializeToString()
+    model.normalizer_spec.add_dummy_prefix = False
+    no_prefix = model.SerializeToString()
+    model.normalizer_spec.add_dummy_prefix = True
+    model.pieces[MASK_ID].type = _PIECE.USER_DEFINED
+    return canonical, no_prefix, model.SerializeToString()
 
 
 class Tokenizer:
-    """A loaded SentencePiece model whose special ids are checked against the layout above."""
+    """A loaded SentencePiece model whose special ids are checked against the layout above
+    (ConfigError if they differ)."""
 
     def __init__(self, model_proto: bytes):
-        self._proto = bytes(model_proto)
+        self._proto, no_prefix, decoding = _canonical(bytes(model_proto))
         try:
             self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+            self._sp_no_prefix = spm.SentencePieceProcessor(model_proto=no_prefix)
+            self._sp_decode = spm.SentencePieceProcessor(model_proto=decoding)
         except RuntimeError as e:
             raise ConfigError(f"not a SentencePiece model ({e})") from None
-        pieces = tuple(self._sp.id_to_piece(i) for i in range(len(SPECIAL_PIECES)))
-        if pieces != SPECIAL_PIECES:
-            raise ConfigError(
-                f"SentencePiece model has special pieces {pieces} at ids 0..4; maelm_jax needs "
-                f"{SPECIAL_PIECES} (train one with maelm_jax.tokenizer.train)"
-            )
 
     @classmethod
     def from_path(cls, path: str | os.PathLike) -> "Tokenizer":
@@ -73,7 +112,8 @@ class Tokenizer:
             raise ConfigError(f"{os.fspath(path)}: {e}") from None
 
     def serialized(self) -> bytes:
-        """The model file's bytes: a checkpoint stores these to decode without the workdir."""
+        """The canonical model's bytes (an older file's `<mask>` upgraded to a control piece):
+        a checkpoint stores these to decode without the workdir."""
         return self._proto
 
     @property
@@ -95,16 +135,41 @@ class Tokenizer:
     special_ids = property(lambda self: tuple(range(len(SPECIAL_PIECES))))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without `<s>`/`</s>`."""
+        """Corpus token ids of `text`, without `<s>`/`</s>`; never a special id (ids >=
+        `FIRST_REGULAR_ID` only): special tokens' literal strings are ordinary text here."""
         return self._sp.encode(text)
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
         """`encode` over many texts using SentencePiece's own threads (0: all cores)."""
         return self._sp.encode(list(texts), num_threads=num_threads or os.cpu_count() or 1)
 
+    def encode_query(self, text: str) -> list[int]:
+        """Token ids of a person's query, without `<s>`/`</s>` added: the literal strings
+        "<s>", "<pad>", "</s>", "<unk>", "<mask>" become their ids, as in a HuggingFace
+        tokenizer's added special tokens; the text between them is encoded as corpus text.
+
+        Whitespace around a special token: a section's trailing whitespace is dropped (like
+        RoBERTa's `<mask>` with lstrip), and a section that follows a special token gets
+        SentencePiece's word-start "▁" only if it starts with whitespace (HuggingFace's
+        Metaspace `prepend_scheme="first"`). So "It is <mask>." gives the pieces of "It is",
+        then `<mask>`, then "." exactly as the corpus encodes "It is Paris." around "▁Paris".
+        """
+        ids: list[int] = []
+        start = 0
+        for match in _SPECIAL_TEXT.finditer(text):
+            ids += self._encode_section(text[start : match.start()], first=start == 0)
+            ids.append(SPECIAL_PIECES.index(match.group()))
+            start = match.end()
+        return ids + self._encode_section(text[start:], first=start == 0)
+
+    def _encode_section(self, text: str, first: bool) -> list[int]:
+        if first or text[:1].isspace():
+            return self._sp.encode(text)
+        return self._sp_no_prefix.encode(text)
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; `<s>`, `<pad>` and `</s>` decode to nothing, `<mask>` to "<mask>"."""
-        return self._sp.decode([int(i) for i in ids])
+        return self._sp_decode.decode([int(i) for i in ids])
 
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))
@@ -141,7 +206,7 @@ def train(texts: Iterable[str], vocab_size: int) -> bytes:
             pad_id=PAD_ID,
             eos_id=EOS_ID,
             unk_id=UNK_ID,
-            user_defined_symbols=["<mask>"],
+            control_symbols=["<mask>"],  # text never encodes to it: see the module docstring
             byte_fallback=True,
             normalization_rule_name="nmt_nfkc",
             character_coverage=0.9995,

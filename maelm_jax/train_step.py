@@ -48,6 +48,7 @@ def loss_sums(params, batch: masking.MaskedBatch, dropout_rng, model: nn.Module)
         batch.masked_idx,
         batch.visible_idx,
         deterministic=False,
+        segment_ids=batch.segment_ids,
         rngs={"dropout": dropout_rng},
     )
     sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
@@ -67,6 +68,9 @@ def train_step(
     inject_nan_at_step: int = -1,
 ):
     """One optimizer update on the global batch {"input_ids": [B, L] int32}.
+
+    Document segment ids are derived from the blocks inside the step (segments.py), so the
+    batch stays one array.
 
     An update whose loss or gradient norm is not finite is dropped (params and optimizer
     state kept, `skipped_updates` incremented); the host decides whether that stops the run.
@@ -122,7 +126,13 @@ def eval_masks(input_ids, index, *, masking_cfg: MaskingConfig, seed) -> masking
 
 def eval_logits(params, masked: masking.MaskedBatch, model: nn.Module) -> jax.Array:
     """The model in eval mode (no dropout) on a masked batch -> logits [B, k, V]."""
-    return model.apply({"params": params}, masked.input_ids, masked.masked_idx, masked.visible_idx)
+    return model.apply(
+        {"params": params},
+        masked.input_ids,
+        masked.masked_idx,
+        masked.visible_idx,
+        segment_ids=masked.segment_ids,
+    )
 
 
 def eval_step(

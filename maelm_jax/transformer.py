@@ -59,20 +59,23 @@ class Mlp(nn.Module):
 class EncoderBlock(nn.Module):
     """Self-attention + MLP, each followed by dropout, residual and LayerNorm (post-LN).
 
-    Also the MAE-LM / 3ML-self decoder block (with the decoder's dropout rate).
+    Also the MAE-LM / 3ML-self decoder block (with the decoder's dropout rates).
     Returns (x, None) so the same block serves `nn.scan` and a plain loop.
     """
 
     config: ModelConfig
     dropout_rate: float
+    attention_dropout_rate: float
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, mask, bias):
-        """x: [B, T, E]; mask: bool [B, 1, 1, T]; bias: [B, N, T, T] or None."""
+    def __call__(self, x, segment_ids, bias):
+        """x: [B, T, E]; segment_ids: int [B, T] (see attention.py); bias: [B, N, T, T] or None."""
         drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
         x = ax.constrain(x, ax.HIDDEN)
-        h = MultiHeadAttention(self.config, name="attention")(x, x, mask, bias)
+        h = MultiHeadAttention(self.config, self.attention_dropout_rate, name="attention")(
+            x, x, (segment_ids, segment_ids), bias, self.deterministic
+        )
         x = layer_norm(self.config, "attention_norm")(x + drop(h))
         h = Mlp(self.config, name="mlp")(x)
         x = layer_norm(self.config, "mlp_norm")(x + drop(h))
@@ -85,16 +88,23 @@ class CrossDecoderBlock(nn.Module):
 
     config: ModelConfig
     dropout_rate: float
+    attention_dropout_rate: float
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, query_mask, context, context_mask):
-        """x [B, k, E], query_mask [B, 1, 1, k], context [B, S, E], context_mask [B, 1, 1, S]."""
+    def __call__(self, x, query_segments, context, context_segments):
+        """x [B, k, E], query_segments [B, k], context [B, S, E], context_segments [B, S]: a
+        query sees the other queries and the encoder outputs of its own segment only."""
         drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
         x = ax.constrain(x, ax.HIDDEN)
-        h = MultiHeadAttention(self.config, name="self_attention")(x, x, query_mask)
+        rate, det = self.attention_dropout_rate, self.deterministic
+        h = MultiHeadAttention(self.config, rate, name="self_attention")(
+            x, x, (query_segments, query_segments), None, det
+        )
         x = layer_norm(self.config, "self_attention_norm")(x + drop(h))
-        h = MultiHeadAttention(self.config, name="cross_attention")(x, context, context_mask)
+        h = MultiHeadAttention(self.config, rate, name="cross_attention")(
+            x, context, (query_segments, context_segments), None, det
+        )
         x = layer_norm(self.config, "cross_attention_norm")(x + drop(h))
         h = Mlp(self.config, name="mlp")(x)
         x = layer_norm(self.config, "mlp_norm")(x + drop(h))

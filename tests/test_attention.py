@@ -53,3 +53,27 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     assert inter32["encoder_output"][0].dtype == jnp.float32
     assert logits16.dtype == jnp.float32
     np.testing.assert_allclose(logits16, logits32, atol=0.05)
+
+
+def test_explicit_attention_path_matches_the_fused_one_with_segments_and_bias():
+    """The path dropout takes, at rate 0, equals jax.nn.dot_product_attention's; a query
+    whose segment has no key gets zeros on both paths, not an average over other segments."""
+    from maelm_jax.attention import attend
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(keys[0], (2, 5, 3, 4))
+    k, v = (jax.random.normal(key, (2, 6, 3, 4)) for key in keys[1:3])
+    bias = jax.random.normal(keys[3], (1, 3, 5, 6))
+    q_seg = jnp.array([[1, 1, 2, 0, 3], [1, 2, 2, 2, 0]])
+    k_seg = jnp.array([[1, 2, 2, 1, 0, 0], [2, 2, 1, 1, 1, 0]])
+    fused = attend(q, k, v, q_seg, k_seg, bias)
+    explicit = attend(q, k, v, q_seg, k_seg, bias, 0.0, jax.random.PRNGKey(1))
+    np.testing.assert_allclose(explicit, fused, atol=1e-5)
+    np.testing.assert_array_equal(fused[0, 4], 0.0)  # segment 3 has no key
+    # Query 0 of row 0 (segment 1) sees keys 0 and 3 only: the output is their mix.
+    logits = (
+        jnp.einsum("nh,snh->ns", q[0, 0], k[0, jnp.array([0, 3])]) / 2.0
+        + bias[0, :, 0][:, jnp.array([0, 3])]
+    )
+    want = jnp.einsum("ns,snh->nh", jax.nn.softmax(logits), v[0, jnp.array([0, 3])])
+    np.testing.assert_allclose(fused[0, 0], want, atol=1e-5)

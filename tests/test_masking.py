@@ -141,3 +141,26 @@ def test_mlm_never_corrupts_forced_slots_and_mae_lm_never_corrupts():
         np.testing.assert_array_equal(model_ids == PAD_ID, ids_np == PAD_ID)
         if objective == "mae_lm":
             np.testing.assert_array_equal(model_ids, ids_np)
+
+
+@pytest.mark.parametrize("packing", ["segmented", "concatenated"])
+def test_segment_ids_follow_the_documents_and_padding_is_never_a_target(packing):
+    cfg = masking_cfg(packing=packing)
+    ids = np.full((3, SEQ), PAD_ID, np.int32)
+    ids[0, :12] = [BOS_ID, 7, 8, EOS_ID, 9, 9, 9, EOS_ID, 6, 6, 6, 6]  # 3rd doc cut at row end
+    ids[1, :4] = [BOS_ID, 5, 5, EOS_ID]  # mostly padding: k exceeds its regular tokens
+    ids[2, :] = FIRST_REGULAR_ID + 3
+    batch = jax.jit(masking.mask_batch, static_argnums=2)(jax.random.PRNGKey(0), ids, cfg)
+    seg = np.asarray(batch.segment_ids)
+    if packing == "segmented":
+        assert seg[0, :12].tolist() == [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    else:
+        assert seg[0, :12].tolist() == [1] * 12
+    assert seg[1, :4].tolist() == [1] * 4 and seg[2].tolist() == [1] * SEQ
+    assert (seg[ids == PAD_ID] == 0).all()
+    masked = np.asarray(batch.masked_idx)
+    weights = np.asarray(batch.mask_weights)
+    on_pad = np.take_along_axis(ids, masked, axis=1) == PAD_ID
+    assert on_pad[1].sum() == cfg.num_masked - 2  # row 1's k slots reach into its padding
+    assert (weights[on_pad] == 0).all() and (weights[~on_pad & (masked > 0)] >= 0).all()
+    assert weights[1].sum() == 2 and weights[2].sum() == cfg.num_masked

@@ -19,7 +19,8 @@ from configs import (
 )
 from maelm_jax import configuration, loss, masking
 from maelm_jax.model import MaskedLM, count_params, init_inputs
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
+from maelm_jax.segments import segment_ids
+from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 
 SEQ = 32
 
@@ -50,16 +51,44 @@ _APPLY = {}
 def run(model, params, batch, input_ids=None):
     """-> (logits, intermediates) in deterministic mode; one compile per model."""
     if id(model) not in _APPLY:
-        _APPLY[id(model)] = (model, jax.jit(lambda *a: model.apply(*a, mutable=["intermediates"])))
+        apply = lambda *a, **kw: model.apply(*a, **kw, mutable=["intermediates"])
+        _APPLY[id(model)] = (model, jax.jit(apply))
     ids = batch.input_ids if input_ids is None else input_ids
     apply = _APPLY[id(model)][1]
-    logits, state = apply({"params": params}, ids, batch.masked_idx, batch.visible_idx)
+    logits, state = apply(
+        {"params": params},
+        ids,
+        batch.masked_idx,
+        batch.visible_idx,
+        segment_ids=batch.segment_ids,
+    )
     return logits, state.get("intermediates", {})
 
 
-@pytest.mark.parametrize("decoder", ["self", "cross"])
-def test_encoder_never_sees_masked_tokens_or_mask_embedding(decoder):
-    model, params, batch = build("mae_lm", decoder, relative_attention_buckets=8)
+def mask_vector(model, params):
+    """The [MASK] vector the decoder uses, from wherever `mask_token_source` keeps it."""
+    if model.config.mask_token_source == "embedding_row":
+        return np.asarray(params["token_embed"]["embedding"][MASK_ID])
+    return np.asarray(params["decoder"]["mask_embedding"])
+
+
+def with_mask_vector(model, params, vector):
+    changed = jax.tree_util.tree_map(lambda x: x, params)
+    if model.config.mask_token_source == "embedding_row":
+        table = changed["token_embed"]["embedding"]
+        changed["token_embed"]["embedding"] = table.at[MASK_ID].set(vector)
+    else:
+        changed["decoder"]["mask_embedding"] = jnp.asarray(vector)
+    return changed
+
+
+@pytest.mark.parametrize(
+    "decoder,source", [("self", "embedding_row"), ("cross", "embedding_row"), ("cross", "learned")]
+)
+def test_encoder_never_sees_masked_tokens_or_mask_embedding(decoder, source):
+    model, params, batch = build(
+        "mae_lm", decoder, relative_attention_buckets=8, mask_token_source=source
+    )
     logits, inter = run(model, params, batch)
     encoded = inter["encoder_output"][0]
 
@@ -70,8 +99,7 @@ def test_encoder_never_sees_masked_tokens_or_mask_embedding(decoder):
     np.testing.assert_array_equal(inter2["encoder_output"][0], encoded)
     np.testing.assert_array_equal(logits2, logits)
 
-    changed = jax.tree_util.tree_map(lambda x: x, params)
-    changed["decoder"]["mask_embedding"] = params["decoder"]["mask_embedding"] + 1.0
+    changed = with_mask_vector(model, params, mask_vector(model, params) + 1.0)
     logits3, inter3 = run(model, changed, batch)
     np.testing.assert_array_equal(inter3["encoder_output"][0], encoded)
     assert not np.allclose(logits3, logits), "the [MASK] embedding must reach the decoder"
@@ -111,7 +139,7 @@ def test_self_decoder_input_matches_numpy_reference():
     encoded = np.asarray(inter["encoder_output"][0])
     got = np.asarray(inter["decoder"]["decoder_input"][0])
     positions = np.asarray(params["decoder"]["position_embed"]["embedding"])
-    mask_vec = np.asarray(params["decoder"]["mask_embedding"])
+    mask_vec = mask_vector(model, params)
     want = np.zeros((batch.input_ids.shape[0], SEQ, mask_vec.shape[0]), np.float32)
     for b in range(want.shape[0]):
         for j, pos in enumerate(np.asarray(batch.visible_idx[b])):
@@ -121,12 +149,14 @@ def test_self_decoder_input_matches_numpy_reference():
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
-def test_cross_decoder_queries_are_mask_embedding_at_masked_positions():
-    model, params, batch = build("mae_lm", "cross")
+@pytest.mark.parametrize("source", ["embedding_row", "learned"])
+def test_cross_decoder_queries_are_mask_embedding_at_masked_positions(source):
+    model, params, batch = build("mae_lm", "cross", mask_token_source=source)
+    assert ("mask_embedding" in params["decoder"]) == (source == "learned")
     _, inter = run(model, params, batch)
     got = np.asarray(inter["decoder"]["decoder_input"][0])
     positions = np.asarray(params["decoder"]["position_embed"]["embedding"])
-    mask_vec = np.asarray(params["decoder"]["mask_embedding"])
+    mask_vec = mask_vector(model, params)
     want = mask_vec + positions[np.asarray(batch.masked_idx)]
     assert got.shape == (batch.masked_idx.shape[0], batch.masked_idx.shape[1], mask_vec.shape[0])
     np.testing.assert_allclose(got, want, atol=1e-6)
@@ -140,6 +170,7 @@ def grad_fn(model, deterministic=False):
             batch.masked_idx,
             batch.visible_idx,
             deterministic=deterministic,
+            segment_ids=batch.segment_ids,
             rngs={"dropout": rng},
         )
         sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
@@ -170,12 +201,34 @@ def test_compiles_once_for_any_mask_and_padding(objective, decoder):
 
 @pytest.mark.parametrize("decoder", ["self", "cross"])
 def test_gradients_reach_mask_embedding_decoder_and_encoder(decoder):
-    model, params, batch = build("mae_lm", decoder)
+    model, params, batch = build("mae_lm", decoder, mask_token_source="learned")
     _, grads = jax.jit(grad_fn(model))(params, batch, jax.random.PRNGKey(0))
     # Every parameter tensor, [MASK] embedding and decoder and encoder included, gets signal.
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
     assert float(jnp.abs(grads["decoder"]["mask_embedding"]).min()) > 0
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_embedding_row_mask_gets_the_decoders_gradient(decoder):
+    """With mask_token_source="embedding_row" the <mask> row gets, on top of its tied LM-head
+    gradient, exactly what a learned [MASK] vector with the same value would get."""
+    row_model, params, batch = build("mae_lm", decoder, mask_token_source="embedding_row")
+    assert "mask_embedding" not in params["decoder"]
+    learned_cfg = frozen(tiny_config("mae_lm", decoder, SEQ, mask_token_source="learned"))[0]
+    learned_model = MaskedLM(learned_cfg, pad_id=PAD_ID)
+    learned_params = jax.tree_util.tree_map(lambda x: x, params)
+    learned_params["decoder"]["mask_embedding"] = params["token_embed"]["embedding"][MASK_ID]
+    rng = jax.random.PRNGKey(0)
+    (loss_row, _), g_row = jax.jit(grad_fn(row_model))(params, batch, rng)
+    (loss_learned, _), g_learned = jax.jit(grad_fn(learned_model))(learned_params, batch, rng)
+    np.testing.assert_allclose(loss_row, loss_learned, rtol=1e-6)
+    through_decoder = g_row["token_embed"]["embedding"][MASK_ID]
+    through_decoder -= g_learned["token_embed"]["embedding"][MASK_ID]
+    assert float(jnp.abs(through_decoder).max()) > 1e-4
+    np.testing.assert_allclose(
+        through_decoder, g_learned["decoder"]["mask_embedding"], atol=1e-6, rtol=1e-4
+    )
 
 
 def stack_layers(tree):
@@ -231,7 +284,7 @@ def expected_params(cfg, vocab=32768):
     cross layer   = two attentions 8E^2 + 8E, the MLP, three LayerNorms 6E
     embeddings    = VE (tokens) + PE (positions) + 2E (LayerNorm)
     LM head       = E^2 + E (dense) + 2E (LayerNorm) + V (output bias)
-    decoder       = PE (positions) + 2E (LayerNorm) + E ([MASK]) + layers
+    decoder       = PE (positions) + 2E (LayerNorm) + layers, + E for a learned [MASK]
     relative bias = buckets x heads
     """
     m = cfg.model
@@ -242,7 +295,8 @@ def expected_params(cfg, vocab=32768):
     total += m.relative_attention_buckets * m.num_heads
     if cfg.objective == "mae_lm":
         per_layer = layer if m.decoder == "self" else cross_layer
-        total += p * e + 3 * e + m.num_decoder_layers * per_layer
+        total += p * e + 2 * e + m.num_decoder_layers * per_layer
+        total += e if m.mask_token_source == "learned" else 0
     return total
 
 
@@ -272,3 +326,92 @@ def test_base_encoder_size_is_roberta_base():
     cfg = mlm_base.get_config()
     assert 110e6 < expected_params(cfg) < 112e6
     assert 139e6 < expected_params(mae_lm_base.get_config()) < 141e6
+
+
+def documents_batch(seed, doc_lengths):
+    """Rows of `<s>` + documents each ended by `</s>`, as packing builds them, then padding."""
+    rng = np.random.default_rng(seed)
+    ids = np.full((len(doc_lengths), SEQ), PAD_ID, np.int32)
+    for row, lengths in enumerate(doc_lengths):
+        tokens = [BOS_ID]
+        for n in lengths:
+            tokens += [*rng.integers(FIRST_REGULAR_ID, 300, n), EOS_ID]
+        ids[row, : len(tokens)] = tokens
+    return ids
+
+
+@pytest.mark.parametrize(
+    "objective,decoder", [("mlm", "self"), ("mae_lm", "self"), ("mae_lm", "cross")]
+)
+def test_a_document_changes_no_output_of_another_document(objective, decoder):
+    """Every token of document 2 replaced: nothing of documents 1 and 3 moves (encoder
+    outputs, the decoders' and MLM's logits), while it does under packing="concatenated"."""
+    ids = documents_batch(0, [[9, 8, 6], [4, 12, 8], [13, 9, 2], [6, 10, 3]])
+    changed = ids.copy()
+    doc2 = np.cumsum(ids == EOS_ID, axis=1) - (ids == EOS_ID) == 1
+    doc2 &= ids >= FIRST_REGULAR_ID
+    changed[doc2] = np.random.default_rng(1).integers(FIRST_REGULAR_ID, 300, doc2.sum())
+    _, params, _ = build(objective, decoder, relative_attention_buckets=8)
+    segments = np.asarray(segment_ids(jnp.asarray(ids), EOS_ID, PAD_ID, "segmented"))
+    for packing in ("segmented", "concatenated"):
+        c = tiny_config(objective, decoder, SEQ, relative_attention_buckets=8)
+        c.packing = packing
+        model_cfg, mask_cfg = frozen(c)
+        model = MaskedLM(model_cfg, pad_id=PAD_ID)
+        batch = masking.mask_batch(jax.random.PRNGKey(3), jnp.asarray(ids), mask_cfg)
+        other = masking.mask_batch(jax.random.PRNGKey(3), jnp.asarray(changed), mask_cfg)
+        np.testing.assert_array_equal(other.masked_idx, batch.masked_idx)
+        logits, inter = run(model, params, batch)
+        logits2, inter2 = run(model, params, other)
+        slot_docs = np.take_along_axis(segments, np.asarray(batch.masked_idx), axis=1)
+        outputs = [(np.asarray(logits), np.asarray(logits2), slot_docs)]
+        if objective == "mae_lm":
+            visible_docs = np.take_along_axis(segments, np.asarray(batch.visible_idx), axis=1)
+            encoded = inter["encoder_output"][0], inter2["encoder_output"][0]
+            outputs.append((np.asarray(encoded[0]), np.asarray(encoded[1]), visible_docs))
+        for before, after, docs in outputs:
+            others = (docs != 2) & (docs != 0)
+            assert (docs == 2).any() and others.sum() > 10
+            if packing == "segmented":
+                np.testing.assert_allclose(after[others], before[others], atol=1e-6, rtol=0)
+            else:
+                assert not np.allclose(after[others], before[others], atol=1e-4)
+            assert not np.allclose(after[docs == 2], before[docs == 2], atol=1e-4)
+
+
+def test_attention_dropout_is_active_in_training_and_off_in_eval():
+    off = dict(dropout_rate=0.0, decoder_dropout_rate=0.0)
+    model, params, batch = build("mae_lm", "self", **off, attention_dropout_rate=0.0)
+
+    def outputs(model, rng=None):
+        """(encoder output, logits) in training mode with `rng`, else in eval mode."""
+        logits, state = model.apply(
+            {"params": params},
+            batch.input_ids,
+            batch.masked_idx,
+            batch.visible_idx,
+            deterministic=rng is None,
+            segment_ids=batch.segment_ids,
+            rngs={} if rng is None else {"dropout": rng},
+            mutable=["intermediates"],
+        )
+        return np.asarray(state["intermediates"]["encoder_output"][0]), np.asarray(logits)
+
+    plain = outputs(model)
+    for got, want in zip(outputs(model, jax.random.PRNGKey(0)), plain, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)  # rate 0: nothing dropped
+    # (rates, which output attention dropout moves: 0 = encoder output, 1 = logits)
+    for rates, moved in (
+        (dict(attention_dropout_rate=0.3), 0),
+        (dict(attention_dropout_rate=0.0, decoder_attention_dropout_rate=0.3), 1),
+    ):
+        cfg = frozen(tiny_config("mae_lm", "self", SEQ, **off, **rates))[0]
+        dropped = MaskedLM(cfg, pad_id=PAD_ID)
+        for got, want in zip(outputs(dropped), plain, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-6)  # eval: no dropout
+        first = outputs(dropped, jax.random.PRNGKey(0))
+        second = outputs(dropped, jax.random.PRNGKey(1))
+        assert np.abs(first[moved] - plain[moved]).max() > 1e-4
+        assert np.abs(first[moved] - second[moved]).max() > 1e-4
+        if moved == 1:  # the decoder's rate leaves the encoder alone
+            np.testing.assert_allclose(first[0], plain[0], atol=1e-6)

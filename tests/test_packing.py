@@ -29,3 +29,25 @@ def test_packing_an_exact_multiple_adds_no_pad_block_and_max_blocks_truncates():
     many = [[9] * 30] * 40
     assert (pack_documents(many, 6, max_blocks=3) == pack_documents(many, 6)[:3]).all()
     assert pack_documents([], 6).shape == (0, 6)
+
+
+def test_segment_ids_of_packed_blocks_are_exactly_the_documents():
+    """Derived from `</s>` alone, the segment ids of every block split the stream exactly
+    where documents end, cut documents included."""
+    import jax.numpy as jnp
+
+    from maelm_jax.segments import segment_ids
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(5, 100, size=rng.integers(1, 12)).tolist() for _ in range(40)]
+    blocks = pack_documents(docs, 16)
+    seg = np.asarray(segment_ids(jnp.asarray(blocks), tok.EOS_ID, tok.PAD_ID, "segmented"))
+    doc_of = np.concatenate([[i] * (len(d) + 1) for i, d in enumerate(docs)])
+    body = seg[:, 1:].reshape(-1)[: len(doc_of)]
+    block_of = np.arange(len(doc_of)) // 15
+    for b in range(len(blocks)):
+        here = block_of == b
+        pairs = set(zip(doc_of[here].tolist(), body[here].tolist(), strict=True))
+        assert len(pairs) == len({d for d, _ in pairs}) == len({s for _, s in pairs})
+        assert seg[b, 0] == body[here][0]  # <s> belongs to the block's first document
+    assert (seg.reshape(-1)[blocks.reshape(-1) == tok.PAD_ID] == 0).all()

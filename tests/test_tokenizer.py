@@ -64,11 +64,68 @@ def test_special_ids_follow_fairseq_order(model):
     assert 300 < t.vocab_size <= VOCAB
 
 
-def test_mask_is_one_piece(model):
+SPECIAL_TEXT = "Keep <mask> and <s> then </s> or <pad>, even <unk>: <mask>."
+
+
+def _old_style_model() -> bytes:
+    """A model as older versions trained it: `<mask>` a user-defined piece, which text
+    encodes to its id."""
+    writer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS),
+        model_writer=writer,
+        vocab_size=VOCAB,
+        hard_vocab_limit=False,
+        bos_id=0,
+        pad_id=1,
+        eos_id=2,
+        unk_id=3,
+        user_defined_symbols=["<mask>"],
+        byte_fallback=True,
+        normalization_rule_name="nmt_nfkc",
+        minloglevel=2,
+    )
+    proto = writer.getvalue()
+    assert 4 in spm.SentencePieceProcessor(model_proto=proto).encode("a <mask> b")
+    return proto
+
+
+@pytest.mark.parametrize("kind", ["current", "older"])
+def test_corpus_text_never_yields_special_ids(model, kind):
+    t = tok.Tokenizer(model if kind == "current" else _old_style_model())
+    for ids in [t.encode(SPECIAL_TEXT), *t.encode_batch([SPECIAL_TEXT, "<mask><s></s>"])]:
+        assert min(ids) >= tok.FIRST_REGULAR_ID
+    assert t.decode(t.encode(SPECIAL_TEXT)) == SPECIAL_TEXT
+
+
+def test_older_model_is_upgraded_without_changing_other_text():
+    proto = _old_style_model()
+    old = spm.SentencePieceProcessor(model_proto=proto)
+    t = tok.Tokenizer(proto)
+    assert all(t.encode(text) == old.encode(text) for text in TEXTS)
+    assert tok.MASK_ID not in tok.Tokenizer(t.serialized()).encode("a <mask> b")
+
+
+def test_encode_query_maps_special_strings_to_their_ids(model):
     t = tok.Tokenizer(model)
-    ids = t.encode("The river runs past the <mask> and under the bridge.")
-    assert ids.count(tok.MASK_ID) == 1
-    assert "<mask>" in t.decode(ids)
+    ids = t.encode_query(SPECIAL_TEXT)
+    specials = [i for i in ids if i < tok.FIRST_REGULAR_ID]
+    assert specials == [tok.MASK_ID, tok.BOS_ID, tok.EOS_ID, tok.PAD_ID, tok.UNK_ID, tok.MASK_ID]
+    assert t.encode_query("the river") == t.encode("the river")
+    assert t.encode_query("<mask>") == [tok.MASK_ID]
+
+
+def test_encode_query_mask_stands_where_a_word_was(model):
+    t = tok.Tokenizer(model)
+    # The corpus encodes "...the river." as [..., "▁river", "."]; a query that masks the
+    # word must give the same ids around it, with no stray "▁" before "." or after "the".
+    sentence = t.encode("Every evening the river.")
+    word = t.encode("river")
+    assert sentence[-1 - len(word) : -1] == word
+    query = t.encode_query("Every evening the <mask>.")
+    assert query == [*sentence[: -1 - len(word)], tok.MASK_ID, *sentence[-1:]]
+    assert t.encode_query("the <mask> runs") == [*t.encode("the"), tok.MASK_ID, *t.encode("runs")]
+    assert "<mask>" in t.decode(query)
     assert t.decode([tok.BOS_ID, *t.encode("the river"), tok.EOS_ID, tok.PAD_ID]) == "the river"
 
 

@@ -39,6 +39,7 @@ def frozen(c, vocab=VOCAB):
         vocab_size=vocab,
         mask_id=MASK_ID,
         pad_id=PAD_ID,
+        eos_id=EOS_ID,
         special_ids=(BOS_ID, PAD_ID, EOS_ID),
         first_regular_id=FIRST_REGULAR_ID,
     )
