@@ -13,7 +13,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import cli, configuration, multihost, workdir_lease
+from maelm_jax import cli, configuration, multihost, platforms, workdir_lease
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -65,6 +65,7 @@ def _take_lease(workdir) -> workdir_lease.Lease | None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    platforms.skip_absent_tpu()
     configuration.validate(FLAGS.config)
     workdir_lease.check_workdir(FLAGS.workdir)
     initialize_distributed()

@@ -13,6 +13,7 @@ from maelm_jax import (
     batches,
     checkpointing,
     configuration,
+    fill_in,
     input_pipeline,
     metric_logging,
     multihost,
@@ -21,6 +22,7 @@ from maelm_jax import (
     programs,
     sharding,
     telemetry,
+    unigram,
 )
 from maelm_jax import documents as documents_lib
 from maelm_jax import tokenizer as tokenizer_lib
@@ -221,6 +223,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         config.seq_len,
     )
 
+    # --- The eval loss's context-free baseline (unigram.py), computed once. ---
+    baseline = {}
+    if config.eval_batches:
+        with sharding.activate(mesh, progs.rules):
+            value = unigram.eval_unigram_loss(progs, data.eval, global_batch, config.seed)
+        baseline = {"eval/unigram_loss": value}
+        logging.info("Eval unigram baseline (no context): %.3f nats per masked token", value)
+
     # --- The loop. ---
     throughput = telemetry.Throughput.for_run(config, tokenizer.vocab_size, start_step)
     totals = _TrainMetrics(config.nonfinite, throughput)
@@ -229,7 +239,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     try:
         with sharding.activate(mesh, progs.rules), train_batches:
             if start_step == 0 and config.eval_batches:  # the curve's origin
-                writer.write_scalars(0, evaluate(progs, state.params, data.eval))
+                writer.write_scalars(0, evaluate(progs, state.params, data.eval) | baseline)
             for step in range(start_step, config.num_train_steps):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, metrics = progs.train_step(
@@ -245,7 +255,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     writer.write_scalars(done, totals.row())
                 if config.eval_batches and (done % config.eval_every_steps == 0 or last):
                     with report.timed("eval"):
-                        writer.write_scalars(done, evaluate(progs, state.params, data.eval))
+                        row = evaluate(progs, state.params, data.eval) | baseline
+                        writer.write_scalars(done, row)
                 if last or preempted or done % config.checkpoint_every_steps == 0:
                     totals.settle()  # never checkpoint a step that has not been checked
                     with report.timed("checkpoint"):
@@ -261,6 +272,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     )
                     break
             totals.settle()
+            if int(jax.device_get(state.step)) == config.num_train_steps:
+                fill_in.print_fill_in(
+                    progs, state.params, data.eval, global_batch, tokenizer, config.seed
+                )
     finally:
         profile.close()
         preemption.close()

@@ -119,18 +119,29 @@ def train_step(
     return new_state, metrics
 
 
-def eval_step(
-    params, batch: dict, index: jax.Array, *, model: nn.Module, masking_cfg: MaskingConfig, seed
-):
-    """Masked-token sums on one eval batch; masks depend only on (seed, batch index), so
-    every evaluation of the run scores the same slots."""
+def eval_masks(input_ids, index, *, masking_cfg: MaskingConfig, seed) -> masking.MaskedBatch:
+    """The masks of eval batch `index` ([B, L] ids): fixed by (seed, index) for the whole
+    run, so every evaluation (and the unigram baseline, unigram.py) scores the same slots."""
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), _EVAL_STREAM), index)
-    masked = masking.mask_batch(rng, batch["input_ids"], masking_cfg)
-    logits = model.apply(
+    return masking.mask_batch(rng, input_ids, masking_cfg)
+
+
+def eval_logits(params, masked: masking.MaskedBatch, model: nn.Module) -> jax.Array:
+    """The model in eval mode (no dropout) on a masked batch -> logits [B, k, V]."""
+    return model.apply(
         {"params": params},
         masked.input_ids,
         masked.masked_idx,
         masked.visible_idx,
         segment_ids=masked.segment_ids,
     )
+
+
+def eval_step(
+    params, batch: dict, index: jax.Array, *, model: nn.Module, masking_cfg: MaskingConfig, seed
+):
+    """Masked-token sums on one eval batch; masks depend only on (seed, batch index), so
+    every evaluation of the run scores the same slots."""
+    masked = eval_masks(batch["input_ids"], index, masking_cfg=masking_cfg, seed=seed)
+    logits = eval_logits(params, masked, model)
     return loss.masked_lm_sums(logits, masked.labels, masked.mask_weights)

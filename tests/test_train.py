@@ -59,15 +59,37 @@ def test_same_seed_same_losses(two_runs):
     assert a[24]["eval/loss"] == b[24]["eval/loss"]
 
 
+# What libtpu prints on a machine without TPU chips when JAX tries its backend (platforms.py).
+TPU_INIT_ERRORS = (
+    "Failed to find host bounds for accelerator type",
+    "unexpected worker hostname",
+    "Unable to initialize backend 'tpu'",
+)
+
+
 def test_cli_trains_the_default_config(tmp_path):
-    """The README's command: the default config, a workdir relative to the current dir."""
+    """The README's command: the default config, a workdir relative to the current dir, and
+    JAX left to choose its backend as on a user's machine: no TPU errors on a CPU."""
     env = dict(os.environ, TFDS_DATA_DIR=str(tmp_path / "tfds"), PYTHONPATH=str(REPO_ROOT))
+    for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL"):
+        env.pop(name, None)
     result = subprocess.run(
         [sys.executable, "-m", "maelm_jax.main", f"--config={REPO_ROOT}/configs/default.py",
          "--config.num_train_steps=3", "--workdir=workdirs/default"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    for error in TPU_INIT_ERRORS:
+        assert error not in result.stderr, result.stderr[:3000]
+    # The closing fill-in printout (fill_in.py): passages with numbered blanks, then per
+    # blank the true piece and the model's three guesses with their probabilities.
+    printout = result.stdout[result.stdout.index("Fill in the blanks") :]
+    passages = re.findall(r"^(\d)\. \.\.\.(.*)\.\.\.$", printout, re.M)
+    assert [n for n, _ in passages] == ["1", "2", "3"], printout
+    assert all("[1]" in text and re.search("[a-z]{3}", text) for _, text in passages), printout
+    guesses = re.findall(r"^   \[\d\] '.+' +model: (.+)$", printout, re.M)
+    assert len(guesses) >= 3, printout
+    assert all(len(re.findall(r"\d+%", g)) == 3 for g in guesses), printout
     workdir = tmp_path / "workdirs" / "default"
     metrics = metric_logging.read_metrics(workdir)
     assert metrics[0]["eval/loss"] > metrics[3]["eval/loss"]
