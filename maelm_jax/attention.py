@@ -90,7 +90,7 @@ def attend(q, k, v, query_segments, key_segments, bias, dropout_rate=0.0, dropou
     if dropout_rng is None:
         out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
     else:
-        logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32)
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
         logits = logits / np.sqrt(q.shape[-1]).astype(np.float32)
         if bias is not None:
             logits = logits + bias.astype(jnp.float32)

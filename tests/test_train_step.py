@@ -25,7 +25,7 @@ def two_updates(config):
 def test_accumulating_micro_batches_gives_the_same_update():
     """Masks are drawn for the whole batch before it is split, and the loss is normalised
     by the targets of the whole batch, so 4 micro-batches of 2 rows equal one of 8."""
-    config = tiny_config("mae_lm", "cross", dropout_rate=0.0)
+    config = tiny_config("mae_lm", "cross", dropout_rate=0.0, attention_dropout_rate=0.0)
     config.mesh.ici = dict(data=2, fsdp=1, tensor=4)  # micro-batches of 2 rows still split
     config.learning_rate, config.warmup_steps = 1e-2, 1
     whole_metrics, before, whole = two_updates(config)
