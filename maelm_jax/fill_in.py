@@ -45,7 +45,8 @@ def _piece(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 def _word(tokenizer: Tokenizer, token_id: int) -> str:
-    return _piece(tokenizer, token_id).strip() or repr(_piece(tokenizer, token_id))
+    """A piece on its own: "▁the" -> "the"; a piece that is only a space -> "␣"."""
+    return _piece(tokenizer, token_id).strip() or "\u2423"
 
 
 def format_passages(guesses: dict, tokenizer: Tokenizer, num_passages: int) -> str:

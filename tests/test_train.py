@@ -43,6 +43,10 @@ def test_loss_falls_and_both_logs_are_written(two_runs):
     assert evals[1] < evals[0], evals
     for key in ("train/accuracy", "learning_rate", "tokens_per_sec"):
         assert key in metrics[24]
+    # The context-free baseline, computed once, sits beside every eval loss.
+    baselines = {metrics[s]["eval/unigram_loss"] for s in (0, 12, 24)}
+    assert len(baselines) == 1, baselines
+    assert 0 < baselines.pop() < metrics[0]["eval/loss"]
     events = glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
     assert len(events) == 1
     acc = event_accumulator.EventAccumulator(events[0], size_guidance={"tensors": 0})
