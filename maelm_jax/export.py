@@ -119,10 +119,9 @@ def torch_outputs(model_dir: str, ids: np.ndarray, with_lm_head: bool, remote_co
     input_ids = torch.from_numpy(ids.astype(np.int64))
     with torch.no_grad():
         valid = input_ids != model.config.pad_token_id
-        out = model(input_ids, attention_mask=valid, output_hidden_states=with_lm_head)
-    if not with_lm_head:
-        return out.last_hidden_state.numpy(), None
-    return out.hidden_states[-1].numpy(), out.logits.numpy()
+        hidden = model.base_model(input_ids, attention_mask=valid).last_hidden_state
+        logits = model(input_ids, attention_mask=valid).logits if with_lm_head else None
+    return hidden.numpy(), None if logits is None else logits.numpy()
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> float:
