@@ -118,11 +118,10 @@ def torch_outputs(model_dir: str, ids: np.ndarray, with_lm_head: bool, remote_co
     model = auto.from_pretrained(model_dir, trust_remote_code=remote_code).eval()
     input_ids = torch.from_numpy(ids.astype(np.int64))
     with torch.no_grad():
-        out = model(input_ids, attention_mask=input_ids != model.config.pad_token_id,
-                    output_hidden_states=with_lm_head)  # fmt: skip
-    if not with_lm_head:
-        return out.last_hidden_state.numpy(), None
-    return out.hidden_states[-1].numpy(), out.logits.numpy()
+        valid = input_ids != model.config.pad_token_id
+        hidden = model.base_model(input_ids, attention_mask=valid).last_hidden_state
+        logits = model(input_ids, attention_mask=valid).logits if with_lm_head else None
+    return hidden.numpy(), None if logits is None else logits.numpy()
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> float:
