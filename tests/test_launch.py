@@ -12,8 +12,7 @@ import sys
 import time
 
 import pytest
-
-from tests.tiny_configs import REPO_ROOT
+from tiny_configs import REPO_ROOT
 
 LAUNCH = REPO_ROOT / "launch"
 SCRIPTS = sorted(p.name for p in LAUNCH.glob("*.sh") if p.name != "lib.sh")
