@@ -30,6 +30,19 @@ recreate() {
   start_training
 }
 
+# STEP in a subshell with errexit on: a failed step ends that attempt, not the watch.
+attempt() {
+  local status
+  set +e
+  (
+    set -e
+    "$@"
+  )
+  status=$?
+  set -e
+  ((status == 0)) || echo "watch.sh: $1 failed (exit $status); retrying next pass" >&2
+}
+
 if ((DRY_RUN)); then
   echo "# each pass:" >&3
   queued_state >/dev/null
@@ -42,7 +55,7 @@ if ((DRY_RUN)); then
 fi
 
 while :; do
-  state=$(queued_state)
+  state=$(queued_state) || state=""  # gcloud failed: try again next pass
   case $state in
     ACTIVE)
       status=0
@@ -53,12 +66,12 @@ while :; do
           echo "watch.sh: training finished" >&2
           exit 0
           ;;
-        *) start_training || echo "watch.sh: starting failed; retrying next pass" >&2 ;;
+        *) attempt start_training ;;
       esac
       ;;
     SUSPENDED | FAILED)
       echo "watch.sh: $opt_name is $state (preempted?): recreating" >&2
-      recreate || echo "watch.sh: recreating failed; retrying next pass" >&2
+      attempt recreate
       ;;
     *) echo "watch.sh: $opt_name is ${state:-unknown}; waiting" >&2 ;;
   esac

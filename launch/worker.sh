@@ -101,10 +101,11 @@ sys.exit(0 if n == want else 1)' "$opt_expect_devices"
     RUNDIR=$rundir SELF=${BASH_SOURCE[0]} nohup bash -c '"$@" >>"$RUNDIR/train.log" 2>&1 </dev/null &
       pid=$!
       echo "$pid" >"$RUNDIR/pid"
-      (while kill -0 "$pid" 2>/dev/null; do sleep 300; bash "$SELF" copy_log || true; done) &
+      (n=0; while sleep 10 && kill -0 "$pid" 2>/dev/null; do
+        ((++n % 30)) || bash "$SELF" copy_log || true; done) &
       wait "$pid" && status=0 || status=$?
       echo "$status" >"$RUNDIR/exit"
-      bash "$SELF" copy_log || true' wrapper "${cmd[@]}" >/dev/null 2>&1 </dev/null &
+      bash "$SELF" copy_log || true' wrapper "${cmd[@]}" >/dev/null 2>&1 </dev/null 3>&- &
     for ((i = 0; i < 100; i++)); do
       [[ -s $rundir/pid ]] && break
       sleep 0.1

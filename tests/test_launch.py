@@ -12,8 +12,7 @@ import sys
 import time
 
 import pytest
-
-from tests.tiny_configs import REPO_ROOT
+from tiny_configs import REPO_ROOT
 
 LAUNCH = REPO_ROOT / "launch"
 SCRIPTS = sorted(p.name for p in LAUNCH.glob("*.sh") if p.name != "lib.sh")
@@ -304,3 +303,27 @@ def test_stop_signals_the_recorded_pid_only(tmp_path):
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
+
+
+def test_worker_start_records_the_trainer_and_copies_its_log(tmp_path):
+    """A real `worker.sh start` of main with a bad value: the trainer's own PID is recorded,
+    its exit status is kept, and its log reaches WORKDIR/logs/<host>.log."""
+    home, workdir = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    (home / "maelm_venv").symlink_to(sys.prefix)  # this test's venv stands in for the host's
+    (home / "maelm_jax").symlink_to(REPO_ROOT)
+    env = {"MAELM_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}
+    args = ["start", f"--workdir={workdir}", "--config=configs/default.py", "--"]
+    started = launch("worker.sh", *args, "--config.batch_size=0", env=env)
+    assert started.returncode == 0, started.stderr
+    pid = int((home / "maelm_run" / "pid").read_text())
+    assert f"training started (pid {pid})" in started.stdout
+    exit_file = home / "maelm_run" / "exit"
+    deadline = time.monotonic() + 120
+    while not (exit_file.exists() and (workdir / "logs").is_dir()):
+        assert time.monotonic() < deadline, "the trainer did not finish"
+        time.sleep(0.5)
+    assert exit_file.read_text().strip() == "1"  # main's exit status for bad input
+    [log] = (workdir / "logs").iterdir()
+    assert "maelm_jax: error: batch_size=0 is not allowed" in log.read_text()
+    assert launch("worker.sh", "status", env=env).returncode == 1  # not running, not finished
