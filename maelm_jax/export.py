@@ -14,15 +14,16 @@ An encoder with the bias ships `modeling_maelm.py` (`trust_remote_code=True`).
 import dataclasses
 import json
 import os
+import pathlib
 import shutil
-import sys
+import tempfile
 import uuid
 
 import jax
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import hf_convert, trained_model
+from maelm_jax import cli, hf_convert, paths, trained_model
 from maelm_jax.configuration import ConfigError
 
 TOLERANCE = 1e-4
@@ -43,7 +44,11 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """Called by `__main__` only, so tests can import this module beside others."""
     flags.DEFINE_string("workdir", None, "Training workdir (local or gs://) holding checkpoints/.")
-    flags.DEFINE_string("output_dir", None, "Local directory to create for the HuggingFace model.")
+    flags.DEFINE_string(
+        "output_dir",
+        None,
+        "New HuggingFace model directory (local, file:// or gs://).",
+    )
     flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest usable).")
     flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
 
@@ -159,8 +164,27 @@ def _model_card(trained, hf_class: str, result_json: dict, remote_code: bool) ->
 
 
 def export(workdir, output_dir, step: int | None = None) -> ExportResult:
-    """Writes `output_dir` and checks parity; ConfigError if the checkpoint cannot be
-    exported exactly or the output directory is in the way, RuntimeError on a parity miss."""
+    """Writes `output_dir` (local, `file://` or a cloud URL such as gs://) and checks parity;
+    ConfigError if the checkpoint cannot be exported exactly or the output directory is in
+    the way, RuntimeError on a parity miss.
+
+    transformers reloads only local directories, so a cloud destination is built and
+    verified in a local temporary directory first and uploaded only once parity holds.
+    """
+    if not paths.is_remote(output_dir):
+        return _export_local(workdir, paths.resolve(output_dir), step)
+    dest = paths.path(output_dir)
+    if dest.exists() and any(dest.iterdir()):
+        raise ConfigError(f"output_dir={output_dir!r} exists and is not empty; give a new one")
+    with tempfile.TemporaryDirectory() as local:
+        result = _export_local(workdir, os.path.join(local, "export"), step)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in sorted(os.listdir(result.output_dir)):
+            (dest / name).write_bytes(pathlib.Path(result.output_dir, name).read_bytes())
+    return dataclasses.replace(result, output_dir=os.fspath(output_dir))
+
+
+def _export_local(workdir, output_dir: str, step: int | None) -> ExportResult:
     from safetensors.numpy import save_file
 
     from maelm_jax.hf_tokenizer import hf_tokenizer
@@ -234,14 +258,11 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     jax.config.update("jax_platforms", "cpu")  # float32 parity on the host, like PyTorch's
-    try:
-        result = export(FLAGS.workdir, FLAGS.output_dir, FLAGS.step)
-    except (ConfigError, RuntimeError) as e:
-        sys.exit(f"maelm_jax.export: error: {e}")
+    result = export(FLAGS.workdir, FLAGS.output_dir, FLAGS.step)
     print(json.dumps(dataclasses.asdict(result)) if FLAGS.json else _table(result))
 
 
 if __name__ == "__main__":
     define_flags()
     flags.mark_flags_as_required(["workdir", "output_dir"])
-    app.run(main)
+    cli.run(main, errors=(RuntimeError,), prog="maelm_jax.export")

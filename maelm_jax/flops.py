@@ -135,7 +135,6 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
     sub = lambda *names: {n: on_device(params[n]) for n in names}
     ints = lambda *shape: _shape(shape, jnp.int32, device)
     vectors = lambda n: _shape((batch, n, cfg.hidden_size), cfg.dtype, device)
-    valid = lambda n: _shape((batch, n), jnp.bool_, device)
     rngs = {"dropout": jax.random.PRNGKey(0)}
 
     def call(method, p, *args):
@@ -150,20 +149,26 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
             _forward_backward(
                 lambda p, x, pos, v: call(lambda m, *a: m.encoder(*a, False), p, x, pos, v), (0, 1)
             ),
-            (sub("encoder"), vectors(tokens), ints(batch, tokens), valid(tokens)),
+            (sub("encoder"), vectors(tokens), ints(batch, tokens), ints(batch, tokens)),
         ),
     }
     if cfg.objective == "mae_lm":
         decoder_inputs = (
-            (ints(batch, tokens), ints(batch, k), valid(length))  # visible, masked, valid
+            (ints(batch, tokens), ints(batch, k), ints(batch, length))  # visible, masked, segs
             if cfg.decoder == "self"
-            else (valid(tokens), ints(batch, k), valid(k))  # encoded valid, masked, valid
+            else (ints(batch, tokens), ints(batch, k), ints(batch, k))  # segments, masked, segs
         )
+        # The `<mask>` row comes from the token embedding (an input here) or is the decoder's.
+        row = cfg.mask_token_source == "embedding_row"
+        mask_row = (_shape((cfg.hidden_size,), jnp.float32, device),) if row else ()
+
+        def decoder(m, *a):
+            *a, vector = a if row else (*a, None)
+            return m.decoder(*a, False, vector)
+
         regions["decoder"] = (
-            _forward_backward(
-                lambda p, x, *a: call(lambda m, *a: m.decoder(*a, False), p, x, *a), (0, 1)
-            ),
-            (sub("decoder"), vectors(tokens), *decoder_inputs),
+            _forward_backward(lambda p, x, *a: call(decoder, p, x, *a), (0, 1)),
+            (sub("decoder"), vectors(tokens), *decoder_inputs, *mask_row),
         )
 
     def head_loss(p, hidden, labels, weights):

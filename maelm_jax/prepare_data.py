@@ -17,7 +17,6 @@ import collections
 import itertools
 import json
 import math
-import sys
 import time
 
 import numpy as np
@@ -25,7 +24,7 @@ import tensorflow_datasets as tfds
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import default_corpus, paths, prepared
+from maelm_jax import cli, default_corpus, paths, prepared
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.configuration import ConfigError, DataConfig, data_config
 from maelm_jax.documents import TEXT_PREFIX, read_documents
@@ -122,10 +121,14 @@ def format_report(r: dict) -> str:
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
-flags.DEFINE_string("data_dir", None, "Replaces config.data_dir (local, file:// or gs://).")
-flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
-flags.mark_flags_as_required(["config"])
+
+
+def define_flags() -> None:
+    """Called by `__main__` only, so tests can import this module beside other commands."""
+    config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+    flags.DEFINE_string("data_dir", None, "Replaces config.data_dir (local, file:// or gs://).")
+    flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
+    flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -134,12 +137,10 @@ def main(argv):
     config = FLAGS.config
     if FLAGS.data_dir:
         config.data_dir = paths.resolve(FLAGS.data_dir)
-    try:
-        report = prepare(data_config(config))
-    except ConfigError as e:
-        sys.exit(f"maelm_jax.prepare_data: error: {e}")
+    report = prepare(data_config(config))
     print(json.dumps(report) if FLAGS.json else format_report(report))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    define_flags()
+    cli.run(main, prog="maelm_jax.prepare_data")

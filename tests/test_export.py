@@ -1,6 +1,7 @@
 """Export: tiny trained checkpoints -> HuggingFace directories that a fresh PyTorch process
 loads offline with the same numbers, the same token ids and a working fine-tune."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,10 +34,13 @@ FILL_MASK_TEXT = "The old <mask> stood."  # fits the tiny models' 32 positions
 
 @pytest.fixture(scope="module")
 def exports(tiny_checkpoints, tmp_path_factory):
-    """{kind: (ExportResult, TrainedModel)}: each tiny checkpoint exported in-process."""
+    """{kind: (ExportResult, TrainedModel)}: each tiny checkpoint exported in-process; the
+    MAE-LM one through a file:// URL (the path layer gs:// shares)."""
     root = tmp_path_factory.mktemp("exports")
+    out = {kind: root / kind for kind in tiny_checkpoints}
+    out["mae_lm"] = f"file://{root / 'mae_lm'}"
     return {
-        kind: (export.export(workdir, root / kind), trained_model.load(workdir))
+        kind: (export.export(workdir, out[kind]), trained_model.load(workdir))
         for kind, workdir in tiny_checkpoints.items()
     }
 
@@ -159,6 +163,7 @@ def _rewrite_config(step_dir: epath.Path, edit) -> None:
     path.write_text(json.dumps(config))
     manifest = json.loads((step_dir / checkpointing.MANIFEST).read_text())
     manifest["files"]["config/metadata"] = path.stat().length
+    manifest["sha256"]["config/metadata"] = hashlib.sha256(path.read_bytes()).hexdigest()
     (step_dir / checkpointing.MANIFEST).write_text(json.dumps(manifest))
 
 

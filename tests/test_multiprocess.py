@@ -233,7 +233,9 @@ def test_unchanged_processes_resume_without_an_input_pipeline_warning(
         caplog.clear()
         try:
             with caplog.at_level("WARNING"):
-                state = train._restore_or_initialize(run.config, progs, checkpointer, position)
+                state = train._restore_or_initialize(
+                    run.config, progs, checkpointer, position, tokenizer
+                )
         finally:
             checkpointer.close()
         assert int(jax.device_get(state.step)) == STEPS
@@ -253,7 +255,7 @@ def test_cli_resumes_the_two_process_checkpoint_in_one_process(run, tmp_path):
     log = result.stderr
     assert result.returncode == 0, describe([result])
     assert "Process 0 of 1;" in log
-    assert f"Restored checkpoint {workdir}/checkpoints/{STEPS}\n" in log
+    assert f"Restored checkpoint {workdir}/checkpoints/{STEPS} (integrity" in log
     assert "different input pipeline" in log  # expected: 1 process reads other blocks
     assert f"for steps {STEPS}..{STEPS + 2}:" in log
     assert len(list((workdir / CACHE_DIRNAME).glob("*-train-0of1-*.npy"))) == 1
