@@ -28,7 +28,6 @@ import itertools
 import os
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import jax
@@ -239,14 +238,6 @@ def train(texts: Iterable[str], vocab_size: int) -> bytes:
     return writer.getvalue()
 
 
-def _write_atomically(path: epath.Path, data: bytes) -> None:
-    """Readers never see a half-written file: write a temporary sibling, then rename it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def load_or_train(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -279,7 +270,7 @@ def load_or_train(
     path = paths.path(workdir) / MODEL_FILENAME
     ready = prepared.tokenizer_path(data_config(config))
     if jax.process_index() == 0 and not path.exists() and ready.exists():
-        _write_atomically(path, ready.read_bytes())
+        prepared.write_atomically(path, ready.read_bytes())
         logging.info("Using the prepared tokenizer %s (copied to %s)", ready, path)
     error = None
     if jax.process_index() == 0 and not path.exists():
@@ -287,7 +278,7 @@ def load_or_train(
             start = time.perf_counter()
             documents = itertools.islice(documents_fn(), config.tokenizer_train_documents)
             model = train(documents, config.vocab_size)
-            _write_atomically(path, model)
+            prepared.write_atomically(path, model)
             logging.info(
                 "Trained a %d-piece tokenizer in %.1fs; saved to %s",
                 Tokenizer(model).vocab_size,
