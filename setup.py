@@ -49,6 +49,7 @@ setup(
         "profile": ["xprof>=2.24"],
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",
             "ruff>=0.6",
             "jax[tpu]>=0.10.2,<0.11",
             "torch==2.13.0",
