@@ -82,14 +82,18 @@ def topology_devices(slice_: tpu_chips.Slice, num_slices: int = 1) -> list:
     # Hosts hold up to 2x2x1 chips; a whole number of 4x4x4 cubes is a torus on v4/v5p.
     # Both only steer the compiler's choice of collectives, not memory or FLOPs.
     torus = len(slice_.shape) == 3 and all(s % 4 == 0 for s in slice_.shape)
+    # One-core chips (v5e, v6e) have no chip_config_name; libtpu takes no None, so leave it out.
+    chip_config = {"chip_config_name": slice_.chip.chip_config_name}
+    if slice_.chip.chip_config_name is None:
+        chip_config = {}
     try:
         topology = topologies.get_topology_desc(
             topology_name=slice_.libtpu_name,
             platform="tpu",
-            chip_config_name=slice_.chip.chip_config_name,
             chips_per_host_bounds=tuple(min(s, h) for s, h in zip(shape3, (2, 2, 1), strict=True)),
             num_slices=num_slices,
             wrap=(torus,) * 3,
+            **chip_config,
         )
     except jax.errors.JaxRuntimeError as e:
         raise ConfigError(f"libtpu rejects topology {slice_.libtpu_name!r}: {e}") from e

@@ -84,6 +84,16 @@ def test_slice_names_map_to_cloud_tpu_shapes(name, libtpu_name, chips):
     assert (s.libtpu_name, s.num_chips) == (libtpu_name, chips)
 
 
+@needs_libtpu
+@pytest.mark.parametrize("name", ["v4-8", "v5p-8", "v5e-1", "v5litepod-16", "v6e-8"])
+def test_every_chip_kind_gets_compile_only_devices(name):
+    """v5e and v6e have no chip_config_name; libtpu once got None for it and raised TypeError."""
+    s = tpu_chips.parse(name)
+    devices = aot.topology_devices(s)
+    assert len(devices) == s.num_chips
+    assert {d.platform for d in devices} == {"tpu"}
+
+
 @pytest.mark.parametrize("name", ["v5p-64x", "v7-8", "v5p-12", "v5p-63", "v4-4", "v6e:8x8x1", ""])
 def test_unknown_slice_names_are_config_errors(name):
     with pytest.raises(ConfigError, match=r"topology=.* is not allowed.*v5p-64"):
