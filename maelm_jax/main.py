@@ -77,6 +77,7 @@ def main(argv):
         if lease is not None:
             lease.release()
     if failure is not None:
+        multihost.leave_together()
         cli.exit_now(1, failure)
 
 

@@ -6,6 +6,8 @@ kills the job with no useful message. Where only some processes can fail, they i
 reach one of these calls, learn who failed, and fail together with a clear error.
 """
 
+import contextlib
+
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -37,3 +39,21 @@ def gather_ints(value: int) -> list[int]:
     if jax.process_count() == 1:
         return [int(value)]
     return [int(v) for v in multihost_utils.process_allgather(np.asarray(value, np.int64))]
+
+
+def leave_together() -> None:
+    """Before a failing process exits: waits (up to `jax.distributed`'s shutdown timeout) for
+    the other processes to leave too.
+
+    Process 0 hosts the coordination service. A config error that every process raises on
+    its own reaches process 0 first when another process is still importing, and if process 0
+    then exits at once the others lose the service and abort (SIGABRT) instead of printing
+    the same one-line error. `jax.distributed.shutdown()` is that barrier; a process that
+    never gets there (stuck elsewhere) costs the timeout, not a hang.
+    """
+    from jax._src import distributed
+
+    if distributed.global_state.client is None:
+        return
+    with contextlib.suppress(Exception):  # exiting with an error anyway; others say why
+        jax.distributed.shutdown()

@@ -62,6 +62,7 @@ def run_main(
     log_dir: pathlib.Path,
     timeout: float,
     devices: int = DEVICES_PER_PROCESS,
+    extra_env: dict[int, dict[str, str]] | None = None,
 ) -> list[ProcessResult]:
     """Runs `python -m maelm_jax.main --config=configs/default.py FLAGS` as `num_processes`
     processes (process i adds --process_id=i and the coordinator flags when there are
@@ -69,7 +70,8 @@ def run_main(
 
     stdout/stderr of process i go to `log_dir/process_<i>.{out,err}`. Raises AssertionError,
     with the log tails, if any process is still running `timeout` seconds after the start;
-    every process started here is killed before this returns or raises.
+    every process started here is killed before this returns or raises. `extra_env[i]` adds
+    environment variables to process i only.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "maelm_jax.main", "--config=configs/default.py", *flags]
@@ -91,7 +93,7 @@ def run_main(
                     subprocess.Popen(
                         command + extra,
                         cwd=REPO_ROOT,
-                        env=process_env(devices),
+                        env=process_env(devices) | (extra_env or {}).get(i, {}),
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,

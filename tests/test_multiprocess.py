@@ -274,29 +274,36 @@ def test_cli_resumes_the_two_process_checkpoint_in_one_process(run, tmp_path):
 # --- C: bad input fails on every process, quickly -------------------------------------------
 
 
+_ONE_BATCH_SHARD = ["--config.mesh.ici.fsdp=1", "--config.mesh.ici.tensor=-1"]
+_PROCESS_COUNT_ERROR = "batch_size=3 is not divisible by the process count 2"
+
+
 @pytest.mark.parametrize(
-    "overrides,extra_flags,message",
+    "overrides,extra_flags,message,late_seconds",
     [
         # 4 rows would fit one process's 4 devices, not the 8 of the 2-process mesh.
-        ({"batch_size": 4}, [], "batch_size=4 (per micro-batch 4) is not divisible by the 8"),
-        (
-            {"batch_size": 3},
-            ["--config.mesh.ici.fsdp=1", "--config.mesh.ici.tensor=-1"],  # 1 batch shard
-            "batch_size=3 is not divisible by the process count 2",
-        ),
+        ({"batch_size": 4}, [], "batch_size=4 (per micro-batch 4) is not divisible by the 8", 0),
+        ({"batch_size": 3}, _ONE_BATCH_SHARD, _PROCESS_COUNT_ERROR, 0),
+        # Process 1 reaches the error 10 s after process 0, which hosts the coordination
+        # service: process 0 must wait for it rather than take the service down (process 1
+        # then aborted with SIGABRT instead of printing the error).
+        ({"batch_size": 3}, _ONE_BATCH_SHARD, _PROCESS_COUNT_ERROR, 10),
     ],
-    ids=["batch_shards", "process_count"],
+    ids=["batch_shards", "process_count", "process_count_late_peer"],
 )
 def test_bad_config_stops_every_process_with_one_line(
-    corpus, tmp_path, overrides, extra_flags, message
+    corpus, tmp_path, overrides, extra_flags, message, late_seconds
 ):
     workdir = tmp_path / "run"
     config = _config(corpus, **overrides)
+    hook = str(pathlib.Path(__file__).parent / "slow_import")
+    late = {1: {"PYTHONPATH": hook, "MAELM_SLOW_TRAIN_IMPORT": str(late_seconds)}}
     results = run_main(
         [f"--workdir={workdir}", *run_flags(config), *extra_flags],
         num_processes=PROCESSES,
         log_dir=tmp_path / "logs",
         timeout=120,
+        extra_env=late if late_seconds else None,
     )
     for result in results:
         assert result.returncode == 1, describe(results)
