@@ -83,9 +83,8 @@ def topology_devices(slice_: tpu_chips.Slice, num_slices: int = 1) -> list:
     # Both only steer the compiler's choice of collectives, not memory or FLOPs.
     torus = len(slice_.shape) == 3 and all(s % 4 == 0 for s in slice_.shape)
     # One-core chips (v5e, v6e) have no chip_config_name; libtpu takes no None, so leave it out.
-    chip_config = {"chip_config_name": slice_.chip.chip_config_name}
-    if slice_.chip.chip_config_name is None:
-        chip_config = {}
+    name = slice_.chip.chip_config_name
+    chip_config = {} if name is None else {"chip_config_name": name}
     try:
         topology = topologies.get_topology_desc(
             topology_name=slice_.libtpu_name,
