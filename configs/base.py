@@ -78,6 +78,13 @@ def get_config() -> ml_collections.ConfigDict:
     # Relative position bias (MAE-LM's bucketing), shared by all encoder layers; 0 turns it off.
     c.model.relative_attention_buckets = 0
     c.model.relative_attention_max_distance = 128
+    # 0: the table starts normal(init_std), as official MAE-LM's does (attention starts
+    # uniform). >0: bucket b starts at -slope * (b's nearest distance), an ALiBi-like prior
+    # toward nearby tokens that short runs need to leave the unigram plateau (configs/default.py).
+    c.model.relative_attention_init_slope = 0.0
+    # The decoder's own relative bias (same buckets, shared by the decoder's layers). Official
+    # MAE-LM has none; the decoder is dropped after pretraining, so this never reaches export.
+    c.model.decoder_relative_attention = False
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True
     c.model.remat_policy = "none"  # "none" | "full" | "dots_saveable"

@@ -2,11 +2,17 @@
 
 No download: the corpus is built from the running Python's own documentation text.
 
-Chosen so the eval loss ends well below `eval/unigram_loss` (the best a context-free model
-could score) within minutes on a 2-core CPU: a 1024-piece vocabulary splits most words into
-pieces that their neighbours predict, and the relative position bias (official MAE-LM's)
-gives attention a direct, learnable notion of "nearby" that absolute position embeddings
-only learn slowly. Eval is 4 batches, so it costs little.
+Chosen so the eval loss falls well below `eval/unigram_loss` (the eval data's own unigram
+entropy, unigram.py) within minutes on a 2-core CPU. A 1024-piece vocabulary splits most
+words into pieces that their neighbours predict. Two switches the paper configs leave off
+get a short run off the unigram plateau, where every all-[MASK] objective otherwise sits for
+hundreds of steps (README, "What the default run shows"): relative biases that start local
+(`relative_attention_init_slope`) and the decoder's own relative bias
+(`decoder_relative_attention`; the decoder is dropped after pretraining, so export is
+unchanged). Measured on the default's blocks, eval loss at step 300: 5.53 without them,
+5.06 with them. No dropout: it only slows a run this short, and the fused attention path
+is faster. lr 2e-3 with the same recipe stays on the plateau. Eval is 4 batches, so it
+costs little.
 """
 
 from configs import base
@@ -18,7 +24,7 @@ def get_config():
     c.mask_rate = 0.15
     c.seq_len = 128
     c.batch_size = 16
-    c.num_train_steps = 600
+    c.num_train_steps = 700
     c.model.num_layers = 4
     c.model.hidden_size = 256
     c.model.num_heads = 4
@@ -27,6 +33,10 @@ def get_config():
     c.model.max_positions = 128
     c.model.relative_attention_buckets = 32
     c.model.relative_attention_max_distance = 128
+    c.model.relative_attention_init_slope = 1.0
+    c.model.decoder_relative_attention = True
+    c.model.dropout_rate = 0.0
+    c.model.attention_dropout_rate = 0.0
     c.model.dtype = "float32"
     c.learning_rate = 1e-3
     c.warmup_steps = 50

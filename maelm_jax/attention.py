@@ -131,8 +131,45 @@ def relative_position_buckets(num_buckets: int, max_distance: int, max_positions
     return (signed - signed.min()).astype(np.int32)
 
 
+def bucket_distances(num_buckets: int, max_distance: int, max_positions: int):
+    """float32 [num_buckets]: the smallest |offset| that falls in each bucket (0 for the one
+    row no offset reaches)."""
+    buckets = relative_position_buckets(num_buckets, max_distance, max_positions)
+    distance = np.abs(np.arange(-(max_positions - 1), max_positions))
+    nearest = np.full(num_buckets, np.inf)
+    np.minimum.at(nearest, buckets, distance)
+    return np.where(np.isfinite(nearest), nearest, 0.0).astype(np.float32)
+
+
+def relative_bias_init(config: ModelConfig):
+    """normal(init_std), as official MAE-LM, or with `relative_attention_init_slope` > 0 a
+    table that starts at -slope * distance in every head (ALiBi's prior, then learned).
+
+    Why the prior exists: with a table near zero, attention starts uniform, and a position-
+    selective pattern has to emerge from learned absolute positions before any neighbour's
+    identity reaches a [MASK] slot. An all-[MASK] objective has no other signal, so a short
+    run sits on the unigram loss (README, "Known limitation"); starting local removes that
+    plateau. Far buckets start near exp(-slope * distance), so long-range use must be learned.
+    """
+    if not config.relative_attention_init_slope:
+        return nn.initializers.normal(config.init_std)
+    distances = bucket_distances(
+        config.relative_attention_buckets,
+        config.relative_attention_max_distance,
+        config.max_positions,
+    )
+    start = -config.relative_attention_init_slope * distances[:, None]
+
+    def init(key, shape, dtype=jnp.float32):
+        del key
+        return jnp.broadcast_to(jnp.asarray(start, dtype), shape)
+
+    return init
+
+
 class RelativePositionBias(nn.Module):
-    """Per-head bias from the tokens' *original* positions, shared by all encoder layers.
+    """Per-head bias from the tokens' *original* positions, shared by all layers of a stack
+    (the encoder's; the decoder's own with `decoder_relative_attention`).
 
     Positions are passed in (not implied by array order) because the MAE-LM encoder's
     sequence is the visible subset: neighbours in the array may be far apart in the text.
@@ -146,10 +183,7 @@ class RelativePositionBias(nn.Module):
         cfg = self.config
         table = self.param(
             "embedding",
-            ax.param(
-                nn.initializers.normal(cfg.init_std),
-                ("relpos_buckets", "heads"),
-            ),
+            ax.param(relative_bias_init(cfg), ("relpos_buckets", "heads")),
             (cfg.relative_attention_buckets, cfg.num_heads),
             jnp.float32,
         )

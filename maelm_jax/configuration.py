@@ -60,6 +60,8 @@ class ModelConfig:
     mask_token_source: str
     relative_attention_buckets: int
     relative_attention_max_distance: int
+    relative_attention_init_slope: float
+    decoder_relative_attention: bool
     dtype: Any
     scan_layers: bool
     remat_policy: str
@@ -177,6 +179,8 @@ RULES: dict[str, Rule] = {
     "model.mask_token_source": one_of(MASK_TOKEN_SOURCES),
     "model.relative_attention_buckets": at_least(0),
     "model.relative_attention_max_distance": at_least(1),
+    "model.relative_attention_init_slope": at_least(0.0, integer=False),
+    "model.decoder_relative_attention": one_of((False, True)),
     "model.dtype": one_of(tuple(DTYPES)),
     "model.remat_policy": one_of(REMAT_POLICIES),
     "model.layer_norm_epsilon": positive_number(),
@@ -235,6 +239,13 @@ def _combinations(config) -> list[str]:
         problems.append(
             f"model.num_decoder_layers={m.num_decoder_layers}; objective 'mae_lm' needs >= 1"
         )
+    if not m.relative_attention_buckets:
+        for key in ("relative_attention_init_slope", "decoder_relative_attention"):
+            if m[key]:
+                problems.append(
+                    f"model.{key}={m[key]!r} needs the relative bias; set "
+                    "model.relative_attention_buckets > 0"
+                )
     # One batch of token ids (int32) is built on a host: refuse what no host can hold
     # before anything tries to allocate it.
     batch_bytes, memory = config.batch_size * config.seq_len * 4, host_memory_bytes()
@@ -285,6 +296,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelCon
         mask_token_source=m.mask_token_source,
         relative_attention_buckets=m.relative_attention_buckets,
         relative_attention_max_distance=m.relative_attention_max_distance,
+        relative_attention_init_slope=m.relative_attention_init_slope,
+        decoder_relative_attention=m.decoder_relative_attention,
         dtype=DTYPES[m.dtype],
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,

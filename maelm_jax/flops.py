@@ -156,7 +156,8 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
         decoder_inputs = (
             (ints(batch, tokens), ints(batch, k), ints(batch, length))  # visible, masked, segs
             if cfg.decoder == "self"
-            else (ints(batch, tokens), ints(batch, k), ints(batch, k))  # segments, masked, segs
+            # segments, visible, masked, masked segments
+            else (ints(batch, tokens), ints(batch, tokens), ints(batch, k), ints(batch, k))
         )
         # The `<mask>` row comes from the token embedding (an input here) or is the decoder's.
         row = cfg.mask_token_source == "embedding_row"

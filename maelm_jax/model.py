@@ -119,6 +119,9 @@ class SelfDecoder(nn.Module):
         self.sow("intermediates", "decoder_input", x)
         x = layer_norm(cfg, "embed_norm")(x)
         x = nn.Dropout(cfg.decoder_dropout_rate, deterministic=deterministic)(x)
+        bias = None
+        if cfg.decoder_relative_attention:  # every row has the same positions: [1, N, L, L]
+            bias = RelativePositionBias(cfg, name="relative_bias")(positions[:1], positions[:1])
         x = apply_layers(
             EncoderBlock,
             cfg,
@@ -126,7 +129,7 @@ class SelfDecoder(nn.Module):
             "layers",
             x,
             segment_ids,
-            None,
+            bias,
             dropout_rate=cfg.decoder_dropout_rate,
             attention_dropout_rate=cfg.decoder_attention_dropout_rate,
             deterministic=deterministic,
@@ -144,14 +147,21 @@ class CrossDecoder(nn.Module):
         self,
         encoded,
         encoded_segments,
+        visible_idx,
         masked_idx,
         masked_segments,
         deterministic: bool,
         mask_vector,
     ):
-        """encoded [B, L-k, E] with its segment ids encoded_segments [B, L-k]; masked_idx,
-        masked_segments [B, k]; mask_vector [E] or None (learned) -> [B, k, E]."""
+        """encoded [B, L-k, E] with its segment ids encoded_segments and positions visible_idx
+        [B, L-k]; masked_idx, masked_segments [B, k]; mask_vector [E] or None (learned)
+        -> [B, k, E]."""
         cfg = self.config
+        self_bias = cross_bias = None
+        if cfg.decoder_relative_attention:  # one table for both attentions
+            relative_bias = RelativePositionBias(cfg, name="relative_bias")
+            self_bias = relative_bias(masked_idx, masked_idx)
+            cross_bias = relative_bias(masked_idx, visible_idx)
         batch, k = masked_idx.shape
         mask = mask_embedding(self, cfg, mask_vector)
         masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
@@ -169,6 +179,8 @@ class CrossDecoder(nn.Module):
             masked_segments,
             encoded.astype(cfg.dtype),
             encoded_segments,
+            self_bias,
+            cross_bias,
             dropout_rate=cfg.decoder_dropout_rate,
             attention_dropout_rate=cfg.decoder_attention_dropout_rate,
             deterministic=deterministic,
@@ -268,6 +280,7 @@ class MaskedLM(nn.Module):
             hidden = self.decoder(
                 encoded,
                 visible_segments,
+                visible_idx,
                 masked_idx,
                 masked_segments,
                 deterministic,

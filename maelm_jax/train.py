@@ -227,9 +227,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     baseline = {}
     if config.eval_batches:
         with sharding.activate(mesh, progs.rules):
-            value = unigram.eval_unigram_loss(progs, data.eval, global_batch, config.seed)
+            value = unigram.eval_unigram_loss(progs, data.eval, global_batch)
         baseline = {"eval/unigram_loss": value}
-        logging.info("Eval unigram baseline (no context): %.3f nats per masked token", value)
+        logging.info("Eval unigram baseline (no context): %.3f nats per token", value)
 
     # --- The loop. ---
     throughput = telemetry.Throughput.for_run(config, tokenizer.vocab_size, start_step)

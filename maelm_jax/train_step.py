@@ -121,7 +121,7 @@ def train_step(
 
 def eval_masks(input_ids, index, *, masking_cfg: MaskingConfig, seed) -> masking.MaskedBatch:
     """The masks of eval batch `index` ([B, L] ids): fixed by (seed, index) for the whole
-    run, so every evaluation (and the unigram baseline, unigram.py) scores the same slots."""
+    run, so every evaluation scores the same slots."""
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), _EVAL_STREAM), index)
     return masking.mask_batch(rng, input_ids, masking_cfg)
 

@@ -92,18 +92,19 @@ class CrossDecoderBlock(nn.Module):
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, query_segments, context, context_segments):
+    def __call__(self, x, query_segments, context, context_segments, self_bias, cross_bias):
         """x [B, k, E], query_segments [B, k], context [B, S, E], context_segments [B, S]: a
-        query sees the other queries and the encoder outputs of its own segment only."""
+        query sees the other queries and the encoder outputs of its own segment only;
+        self_bias [B, N, k, k] and cross_bias [B, N, k, S] are relative biases or None."""
         drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
         x = ax.constrain(x, ax.HIDDEN)
         rate, det = self.attention_dropout_rate, self.deterministic
         h = MultiHeadAttention(self.config, rate, name="self_attention")(
-            x, x, (query_segments, query_segments), None, det
+            x, x, (query_segments, query_segments), self_bias, det
         )
         x = layer_norm(self.config, "self_attention_norm")(x + drop(h))
         h = MultiHeadAttention(self.config, rate, name="cross_attention")(
-            x, context, (query_segments, context_segments), None, det
+            x, context, (query_segments, context_segments), cross_bias, det
         )
         x = layer_norm(self.config, "cross_attention_norm")(x + drop(h))
         h = Mlp(self.config, name="mlp")(x)

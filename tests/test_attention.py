@@ -77,3 +77,40 @@ def test_explicit_attention_path_matches_the_fused_one_with_segments_and_bias():
     )
     want = jnp.einsum("ns,snh->nh", jax.nn.softmax(logits), v[0, jnp.array([0, 3])])
     np.testing.assert_allclose(fused[0, 0], want, atol=1e-5)
+
+
+def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distance():
+    """relative_attention_init_slope: bias(offset) = -slope * (nearest |offset| of its bucket)
+    in every head, so it is exact (-slope * |d|) where buckets are exact and never favours a
+    farther key over a nearer one."""
+    import flax.linen as nn
+    from tiny_configs import frozen, tiny_config
+
+    from maelm_jax.attention import RelativePositionBias, bucket_distances
+
+    slope, buckets, max_distance, length = 0.5, 16, 24, 32
+    c = tiny_config(
+        relative_attention_buckets=buckets,
+        relative_attention_max_distance=max_distance,
+        relative_attention_init_slope=slope,
+    )
+    cfg = frozen(c)[0]
+    positions = jnp.arange(length)[None]
+    module = RelativePositionBias(cfg)
+    params = nn.unbox(module.init(jax.random.PRNGKey(0), positions, positions))
+    bias = np.asarray(module.apply(params, positions, positions))[0]  # [N, T, S]
+    np.testing.assert_array_equal(bias, np.broadcast_to(bias[:1], bias.shape))  # all heads
+    offsets = np.arange(length)[None, :] - np.arange(length)[:, None]
+    table = relative_position_buckets(buckets, max_distance, length)
+    nearest = bucket_distances(buckets, max_distance, length)[table[offsets + length - 1]]
+    np.testing.assert_allclose(bias[0], -slope * nearest)
+    exact = np.abs(offsets) < buckets // 4
+    np.testing.assert_allclose(bias[0][exact], -slope * np.abs(offsets[exact]))
+    assert (nearest <= np.abs(offsets)).all() and nearest.max() > buckets // 4
+    by_distance = [bias[0][np.abs(offsets) == d].min() for d in range(length)]
+    assert (np.diff(by_distance) <= 0).all()
+    # slope 0 is the official normal(init_std) table: small, random, not local.
+    c.model.relative_attention_init_slope = 0.0
+    official = RelativePositionBias(frozen(c)[0]).init(jax.random.PRNGKey(0), positions, positions)
+    values = np.asarray(nn.unbox(official)["params"]["embedding"])
+    assert 0 < np.abs(values).max() < 0.2 and np.unique(values).size == values.size

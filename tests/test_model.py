@@ -201,7 +201,14 @@ def test_compiles_once_for_any_mask_and_padding(objective, decoder):
 
 @pytest.mark.parametrize("decoder", ["self", "cross"])
 def test_gradients_reach_mask_embedding_decoder_and_encoder(decoder):
-    model, params, batch = build("mae_lm", decoder, mask_token_source="learned")
+    model, params, batch = build(
+        "mae_lm",
+        decoder,
+        mask_token_source="learned",
+        relative_attention_buckets=8,
+        decoder_relative_attention=True,
+    )
+    assert set(params["decoder"]["relative_bias"]) == {"embedding"}
     _, grads = jax.jit(grad_fn(model))(params, batch, jax.random.PRNGKey(0))
     # Every parameter tensor, [MASK] embedding and decoder and encoder included, gets signal.
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
@@ -341,20 +348,29 @@ def documents_batch(seed, doc_lengths):
 
 
 @pytest.mark.parametrize(
-    "objective,decoder", [("mlm", "self"), ("mae_lm", "self"), ("mae_lm", "cross")]
+    "objective,decoder,decoder_bias",
+    [
+        ("mlm", "self", False),
+        ("mae_lm", "self", False),
+        ("mae_lm", "cross", False),
+        ("mae_lm", "self", True),
+        ("mae_lm", "cross", True),
+    ],
 )
-def test_a_document_changes_no_output_of_another_document(objective, decoder):
+def test_a_document_changes_no_output_of_another_document(objective, decoder, decoder_bias):
     """Every token of document 2 replaced: nothing of documents 1 and 3 moves (encoder
-    outputs, the decoders' and MLM's logits), while it does under packing="concatenated"."""
+    outputs, the decoders' and MLM's logits), while it does under packing="concatenated";
+    also with the decoders' own relative bias."""
     ids = documents_batch(0, [[9, 8, 6], [4, 12, 8], [13, 9, 2], [6, 10, 3]])
     changed = ids.copy()
     doc2 = np.cumsum(ids == EOS_ID, axis=1) - (ids == EOS_ID) == 1
     doc2 &= ids >= FIRST_REGULAR_ID
     changed[doc2] = np.random.default_rng(1).integers(FIRST_REGULAR_ID, 300, doc2.sum())
-    _, params, _ = build(objective, decoder, relative_attention_buckets=8)
+    bias = dict(relative_attention_buckets=8, decoder_relative_attention=decoder_bias)
+    _, params, _ = build(objective, decoder, **bias)
     segments = np.asarray(segment_ids(jnp.asarray(ids), EOS_ID, PAD_ID, "segmented"))
     for packing in ("segmented", "concatenated"):
-        c = tiny_config(objective, decoder, SEQ, relative_attention_buckets=8)
+        c = tiny_config(objective, decoder, SEQ, **bias)
         c.packing = packing
         model_cfg, mask_cfg = frozen(c)
         model = MaskedLM(model_cfg, pad_id=PAD_ID)
@@ -415,3 +431,38 @@ def test_attention_dropout_is_active_in_training_and_off_in_eval():
         assert np.abs(first[moved] - second[moved]).max() > 1e-4
         if moved == 1:  # the decoder's rate leaves the encoder alone
             np.testing.assert_allclose(first[0], plain[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_local_relative_init_makes_a_slot_read_its_neighbours_first(decoder):
+    """With relative_attention_init_slope > 0 and the decoder's own bias, an untrained
+    decoder's [MASK] slot already depends far more on the token next to it than on a distant
+    one; with the official init both pull about equally (attention starts uniform)."""
+    base = dict(relative_attention_buckets=16, relative_attention_max_distance=32)
+    base.update(dropout_rate=0.0, attention_dropout_rate=0.0)
+    ratios = {}
+    for slope in (0.0, 2.0):
+        model, params, batch = build(
+            "mae_lm",
+            decoder,
+            relative_attention_init_slope=slope,
+            decoder_relative_attention=slope > 0,
+            **base,
+        )
+        masked = np.asarray(batch.masked_idx)
+        visible = set(np.asarray(batch.visible_idx[0]).tolist())
+        slot = next(
+            j for j, p in enumerate(masked[0]) if p + 1 in visible and 1 <= p < SEQ // 2 - 2
+        )
+        near, pos = masked[0, slot] + 1, masked[0, slot]
+        far = max(p for p in visible if p < SEQ - 1 and p > pos + 10)
+        logits, _ = run(model, params, batch)
+        effect = {}
+        for name, where in (("near", near), ("far", far)):
+            edited = np.array(batch.input_ids)
+            edited[0, where] = FIRST_REGULAR_ID + (edited[0, where] - FIRST_REGULAR_ID + 50) % 200
+            moved, _ = run(model, params, batch, jnp.asarray(edited))
+            effect[name] = float(jnp.abs(moved[0, slot] - logits[0, slot]).max())
+        assert effect["near"] > 0, (slope, effect)
+        ratios[slope] = effect["near"] / max(effect["far"], 1e-12)  # far may round to 0
+    assert ratios[2.0] > 20 and ratios[0.0] < 5, ratios

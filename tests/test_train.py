@@ -12,6 +12,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, run_flags, tiny_run_config
 
+from configs import default
 from maelm_jax import checkpointing, input_pipeline, metric_logging, train
 from maelm_jax.configuration import ConfigError
 
@@ -53,6 +54,35 @@ def test_loss_falls_and_both_logs_are_written(two_runs):
     acc.Reload()
     assert "train/loss" in acc.Tags()["tensors"]
     assert len(acc.Tensors("train/loss")) == 24
+
+
+def test_the_demo_recipe_reads_context_on_a_small_variant(corpus, tmp_path):
+    """configs/default.py's recipe (local relative biases in encoder and decoder, no dropout),
+    shrunk: its eval loss ends well below the eval data's unigram entropy, and falls."""
+    demo = default.get_config().model
+    recipe = {
+        f"model.{key}": demo[key]
+        for key in (
+            "relative_attention_init_slope",
+            "decoder_relative_attention",
+            "dropout_rate",
+            "attention_dropout_rate",
+        )
+    }
+    c = tiny_run_config(
+        corpus,
+        **recipe,
+        **{"model.relative_attention_buckets": 16, "model.relative_attention_max_distance": 32},
+    )
+    c.num_train_steps, c.eval_every_steps, c.log_every_steps = 120, 40, 40
+    c.checkpoint_every_steps, c.eval_batches = 120, 2
+    c.batch_size, c.model.hidden_size, c.model.mlp_dim = 16, 64, 128
+    train.train_and_evaluate(c, tmp_path)
+    metrics = metric_logging.read_metrics(tmp_path)
+    evals = [metrics[s]["eval/loss"] for s in (40, 80, 120)]
+    baseline = metrics[120]["eval/unigram_loss"]
+    assert evals[2] < baseline - 0.25, (evals, baseline)  # measured: 0.35 below
+    assert evals[2] < evals[1] < evals[0], evals
 
 
 def test_same_seed_same_losses(two_runs):
