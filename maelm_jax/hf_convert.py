@@ -31,6 +31,7 @@ REPRESENTED_FIELDS = {
     "relative_attention_max_distance",
     "layer_norm_epsilon",
     "init_std",
+    "relative_attention_init_slope",  # where the bias table starts; training moves it
     "dropout_rate",
     "attention_dropout_rate",
     # Pretraining-only: the decoder is dropped; dtype, layer layout and remat change how
@@ -39,6 +40,7 @@ REPRESENTED_FIELDS = {
     "num_decoder_layers",
     "decoder_dropout_rate",
     "decoder_attention_dropout_rate",
+    "decoder_relative_attention",
     "mask_token_source",
     "dtype",
     "scan_layers",
