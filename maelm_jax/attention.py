@@ -148,8 +148,9 @@ def relative_bias_init(config: ModelConfig):
     Why the prior exists: with a table near zero, attention starts uniform, and a position-
     selective pattern has to emerge from learned absolute positions before any neighbour's
     identity reaches a [MASK] slot. An all-[MASK] objective has no other signal, so a short
-    run sits on the unigram loss (README, "Known limitation"); starting local removes that
-    plateau. Far buckets start near exp(-slope * distance), so long-range use must be learned.
+    run sits on the unigram loss (README, "What the default run shows"); starting local removes
+    that plateau. Far buckets start near exp(-slope * distance), so long-range use must be
+    learned.
     """
     if not config.relative_attention_init_slope:
         return nn.initializers.normal(config.init_std)

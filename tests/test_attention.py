@@ -1,12 +1,18 @@
 """Relative position buckets and mixed precision: small properties a wrong formula breaks."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_model import build, run
+from tiny_configs import frozen, tiny_config
 
-from maelm_jax.attention import relative_position_buckets
+from maelm_jax.attention import (
+    RelativePositionBias,
+    bucket_distances,
+    relative_position_buckets,
+)
 
 # The official MAE-LM implementation's buckets (fairseq `relative_position_bucket` with its
 # `rp_bucket -= rp_bucket.min()` shift, max_seq_len 512), for offsets key - query = -300..300,
@@ -83,10 +89,6 @@ def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distanc
     """relative_attention_init_slope: bias(offset) = -slope * (nearest |offset| of its bucket)
     in every head, so it is exact (-slope * |d|) where buckets are exact and never favours a
     farther key over a nearer one."""
-    import flax.linen as nn
-    from tiny_configs import frozen, tiny_config
-
-    from maelm_jax.attention import RelativePositionBias, bucket_distances
 
     slope, buckets, max_distance, length = 0.5, 16, 24, 32
     c = tiny_config(

@@ -81,7 +81,8 @@ def test_the_demo_recipe_reads_context_on_a_small_variant(corpus, tmp_path):
     metrics = metric_logging.read_metrics(tmp_path)
     evals = [metrics[s]["eval/loss"] for s in (40, 80, 120)]
     baseline = metrics[120]["eval/unigram_loss"]
-    assert evals[2] < baseline - 0.25, (evals, baseline)  # measured: 0.35 below
+    # Measured: 0.35 below; the same run with the official init and no decoder bias, 0.04.
+    assert evals[2] < baseline - 0.25, (evals, baseline)
     assert evals[2] < evals[1] < evals[0], evals
 
 
