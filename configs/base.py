@@ -88,6 +88,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True
     c.model.remat_policy = "none"  # "none" | "full" | "dots_saveable"
+    # >0: attention in blocks of this many queries, each recomputed in the backward pass, so
+    # no layer holds [batch, heads, T, T] scores (maelm_jax/attention.py). 0: one block.
+    c.model.attention_query_chunk = 0
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
 

@@ -9,15 +9,26 @@ row is empty unless its segment has no key at all (a 3ML-cross query whose docum
 entirely masked); such a row outputs zeros rather than a uniform average over other
 documents.
 
+Memory: the scores of a whole layer, [B, N, T, S] floats, are the largest temporaries of a
+large config's step (several live at once in the backward pass), and the MAE-LM encoder's
+relative bias is one more of that size per example, plus its gradient, held across all
+layers when it is materialised once per stack. So the bias travels factored
+(`RelativeBias`: a [2P - 1, N] table of every offset's bias and the tokens' positions),
+and `model.attention_query_chunk` splits the queries into blocks that each build their
+bias, scores and probabilities, and recompute them in the backward pass: temporaries of
+[B, N, chunk, S] instead of [B, N, T, S], for a second pass over the scores.
+
 Without dropout, attention goes through `jax.nn.dot_product_attention` so XLA (or cuDNN on
 GPUs) can choose a fused kernel. That API has no attention-probability dropout, so when
 dropout is active (training with a rate > 0, the official MAE-LM encoder's 0.1) the
 probabilities are computed explicitly and dropped, as fairseq does.
 """
 
+import dataclasses
 import math
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +66,8 @@ class MultiHeadAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x, context, segments, bias=None, deterministic: bool = True):
-        """segments: (query [B, T], key [B, S]) int segment ids; bias: [B|1, N, T, S]."""
+        """segments: (query [B, T], key [B, S]) int segment ids; bias: a `RelativeBias`, a
+        dense [B|1, N, T, S] array, or None."""
         cfg = self.config
 
         def project(name, inputs):
@@ -64,12 +76,11 @@ class MultiHeadAttention(nn.Module):
             return ax.constrain(y, ax.HEADS)
 
         q, k, v = project("query", x), project("key", context), project("value", context)
-        if bias is not None:
-            bias = bias.astype(q.dtype)
         dropout_rng = None
         if self.dropout_rate > 0.0 and not deterministic:
             dropout_rng = self.make_rng("dropout")
-        out = attend(q, k, v, *segments, bias, self.dropout_rate, dropout_rng)
+        chunk = cfg.attention_query_chunk
+        out = attend(q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk)
         kernel, b = self._weights("out", ("embed",))
         return jnp.einsum("bsnh,enh->bse", ax.constrain(out, ax.HEADS), kernel) + b
 
@@ -79,13 +90,92 @@ def segment_mask(query_segments, key_segments):
     return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
 
 
-def attend(q, k, v, query_segments, key_segments, bias, dropout_rate=0.0, dropout_rng=None):
-    """q [B, T, N, H], k and v [B, S, N, H], segment ids [B, T] and [B, S], bias
-    [B|1, N, T, S] or None -> [B, T, N, H]; dropout on the probabilities iff `dropout_rng`.
+@flax.struct.dataclass
+class RelativeBias:
+    """A relative position bias in factored form; `dense` expands it.
 
-    The only place that turns segment ids into a mask: a fused segment-id kernel (splash
-    attention on TPU) replaces this function's body.
+    Passed as is through a layer stack, it costs [2P - 1, N] floats and the positions, and
+    its gradient accumulates in the same small table. Materialised once per stack instead,
+    the MAE-LM encoder's bias is [B, N, T, S] per example (the kept tokens' distances
+    differ), and so is its gradient accumulator, both live across every layer.
     """
+
+    by_offset: jax.Array  # [2P - 1, N] float32: the bias of offset key - query, at d + P - 1
+    query_positions: jax.Array  # [B|1, T] int: original positions
+    key_positions: jax.Array  # [B|1, S] int
+
+    def dense(self, dtype=jnp.float32) -> jax.Array:
+        """[B|1, N, T, S] in `dtype`; gathered in float32 so its gradient sums in float32."""
+        last = self.by_offset.shape[0] // 2  # P - 1
+        relative = self.key_positions[:, None, :] - self.query_positions[:, :, None] + last
+        return jnp.transpose(self.by_offset[relative].astype(dtype), (0, 3, 1, 2))
+
+
+def _dense(bias, dtype):
+    if isinstance(bias, RelativeBias):
+        return bias.dense(dtype)
+    return None if bias is None else bias.astype(dtype)
+
+
+def attend(
+    q,
+    k,
+    v,
+    query_segments,
+    key_segments,
+    bias,
+    dropout_rate=0.0,
+    dropout_rng=None,
+    query_chunk: int = 0,
+):
+    """q [B, T, N, H], k and v [B, S, N, H], segment ids [B, T] and [B, S], bias (a
+    `RelativeBias`, [B|1, N, T, S], or None) -> [B, T, N, H]; dropout on the probabilities
+    iff `dropout_rng`.
+
+    With `query_chunk` > 0 and T longer, the queries go in ceil(T / query_chunk) equal blocks
+    (the last padded with queries that see no key), each under `jax.checkpoint`, so no
+    [B, N, T, S] array exists in either pass. Every query's result is the same as unchunked.
+    """
+    t = q.shape[1]
+    if not query_chunk or t <= query_chunk:
+        bias = _dense(bias, q.dtype)
+        return _attend_block(q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng)
+    n = -(-t // query_chunk)
+    size = -(-t // n)
+
+    def blocks(x, axis=1, fill=0):  # split the query axis: [..., T, ...] -> [n, ..., size, ...]
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, n * size - t)
+        x = jnp.pad(x, pad, constant_values=fill)
+        x = x.reshape((*x.shape[:axis], n, size, *x.shape[axis + 1 :]))
+        return jnp.moveaxis(x, axis, 0)
+
+    if isinstance(bias, RelativeBias):
+        bias_blocks = blocks(bias.query_positions)
+    elif bias is not None:
+        bias_blocks = blocks(bias, axis=2)
+    else:
+        bias_blocks = jnp.zeros((n,))  # placeholder: no bias
+
+    @jax.checkpoint
+    def block(inputs):
+        index, q_block, segments, bias_block = inputs
+        if isinstance(bias, RelativeBias):
+            block_bias = dataclasses.replace(bias, query_positions=bias_block).dense(q.dtype)
+        else:
+            block_bias = None if bias is None else bias_block.astype(q.dtype)
+        rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
+        return _attend_block(q_block, k, v, segments, key_segments, block_bias, dropout_rate, rng)
+
+    inputs = (jnp.arange(n), blocks(q), blocks(query_segments, fill=-1), bias_blocks)
+    out = jax.lax.map(block, inputs)  # [n, B, size, N, H]
+    out = jnp.moveaxis(out, 0, 1)
+    return out.reshape((out.shape[0], n * size, *out.shape[3:]))[:, :t]
+
+
+def _attend_block(q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng):
+    """`attend` on dense inputs: the only place that turns segment ids into a mask, so a
+    fused segment-id kernel (splash attention on TPU) replaces this function's body."""
     mask = segment_mask(query_segments, key_segments)
     if dropout_rng is None:
         out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
@@ -179,8 +269,8 @@ class RelativePositionBias(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, query_positions, key_positions):
-        """[B, T], [B, S] int -> bias [B, N, T, S] float32."""
+    def __call__(self, query_positions, key_positions) -> RelativeBias:
+        """[B, T], [B, S] int -> the bias, [B, N, T, S] when made dense."""
         cfg = self.config
         table = self.param(
             "embedding",
@@ -193,6 +283,4 @@ class RelativePositionBias(nn.Module):
             cfg.relative_attention_max_distance,
             cfg.max_positions,
         )
-        relative = key_positions[:, None, :] - query_positions[:, :, None]
-        buckets = jnp.asarray(offsets)[relative + cfg.max_positions - 1]
-        return jnp.transpose(table[buckets], (0, 3, 1, 2))
+        return RelativeBias(table[jnp.asarray(offsets)], query_positions, key_positions)

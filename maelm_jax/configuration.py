@@ -65,6 +65,7 @@ class ModelConfig:
     dtype: Any
     scan_layers: bool
     remat_policy: str
+    attention_query_chunk: int
     layer_norm_epsilon: float
     init_std: float
 
@@ -183,6 +184,7 @@ RULES: dict[str, Rule] = {
     "model.decoder_relative_attention": one_of((False, True)),
     "model.dtype": one_of(tuple(DTYPES)),
     "model.remat_policy": one_of(REMAT_POLICIES),
+    "model.attention_query_chunk": at_least(0),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),
 }
@@ -301,6 +303,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelCon
         dtype=DTYPES[m.dtype],
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
+        attention_query_chunk=m.attention_query_chunk,
         layer_norm_epsilon=m.layer_norm_epsilon,
         init_std=m.init_std,
     )

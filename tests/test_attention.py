@@ -100,7 +100,7 @@ def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distanc
     positions = jnp.arange(length)[None]
     module = RelativePositionBias(cfg)
     params = nn.unbox(module.init(jax.random.PRNGKey(0), positions, positions))
-    bias = np.asarray(module.apply(params, positions, positions))[0]  # [N, T, S]
+    bias = np.asarray(module.apply(params, positions, positions).dense())[0]  # [N, T, S]
     np.testing.assert_array_equal(bias, np.broadcast_to(bias[:1], bias.shape))  # all heads
     offsets = np.arange(length)[None, :] - np.arange(length)[:, None]
     table = relative_position_buckets(buckets, max_distance, length)
@@ -116,3 +116,39 @@ def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distanc
     official = RelativePositionBias(frozen(c)[0]).init(jax.random.PRNGKey(0), positions, positions)
     values = np.asarray(nn.unbox(official)["params"]["embedding"])
     assert 0 < np.abs(values).max() < 0.2 and np.unique(values).size == values.size
+
+
+@pytest.mark.parametrize("with_dropout_path", [False, True])
+def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path):
+    """attention_query_chunk: 7 queries in blocks of 3 (the last padded) against one block,
+    with segments, a query that sees no key, and the factored relative bias at the kept
+    tokens' original positions; equal outputs and equal gradients for q, k, v and the bias."""
+    from maelm_jax.attention import RelativeBias, attend
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(keys[0], (2, 7, 3, 4))
+    k, v = (jax.random.normal(key, (2, 6, 3, 4)) for key in keys[1:3])
+    by_offset = jax.random.normal(keys[3], (2 * 16 - 1, 3))
+    q_pos = jnp.array([[0, 2, 3, 5, 8, 9, 15], [1, 2, 4, 6, 7, 11, 12]])
+    k_pos = jnp.array([[0, 1, 4, 6, 7, 10], [0, 3, 5, 8, 9, 10]])
+    q_seg = jnp.array([[1, 1, 2, 0, 3, 2, 1], [1, 2, 2, 2, 0, 1, 1]])
+    k_seg = jnp.array([[1, 2, 2, 1, 0, 0], [2, 2, 1, 1, 1, 0]])
+    rng = jax.random.PRNGKey(1) if with_dropout_path else None  # rate 0: no draw differs
+
+    def loss(q, k, v, by_offset, chunk):
+        bias = RelativeBias(by_offset, q_pos, k_pos)
+        out = attend(q, k, v, q_seg, k_seg, bias, 0.0, rng, query_chunk=chunk)
+        return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape))), out
+
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
+    (whole, out_whole), (blocked, out_blocked) = (grad(q, k, v, by_offset, c) for c in (0, 3))
+    np.testing.assert_allclose(out_blocked, out_whole, atol=1e-5)
+    np.testing.assert_array_equal(out_blocked[0, 4], 0.0)  # segment 3 has no key
+    for a, b in zip(blocked, whole, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert np.abs(whole[3]).max() > 0  # the bias's gradient is not trivially zero
+    # The blocked program holds no [B, N, T, S] array; the whole one does.
+    shapes = {
+        c: str(jax.make_jaxpr(lambda *a, c=c: grad(*a, c))(q, k, v, by_offset)) for c in (0, 3)
+    }
+    assert "f32[2,3,7,6]" in shapes[0] and "f32[2,3,7,6]" not in shapes[3]

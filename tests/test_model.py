@@ -284,6 +284,25 @@ def test_remat_gives_the_same_gradients():
         assert_trees_close(grads, grads_plain, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "objective,decoder", [("mlm", "self"), ("mae_lm", "self"), ("mae_lm", "cross")]
+)
+def test_query_blocks_give_the_same_loss_and_gradients(objective, decoder):
+    """attention_query_chunk in every attention (encoder, both decoders, with the encoder's and
+    the decoder's relative bias), under the large configs' remat policy: same loss, same
+    gradients, the relative bias tables included."""
+    bias = dict(relative_attention_buckets=8, decoder_relative_attention=objective == "mae_lm")
+    model, params, batch = build(objective, decoder, **bias)
+    rng = jax.random.PRNGKey(3)
+    (loss_whole, _), grads_whole = jax.jit(grad_fn(model, deterministic=True))(params, batch, rng)
+    overrides = dict(bias, attention_query_chunk=5, remat_policy="dots_saveable")
+    blocked = MaskedLM(frozen(tiny_config(objective, decoder, SEQ, **overrides))[0], PAD_ID)
+    (loss, _), grads = jax.jit(grad_fn(blocked, deterministic=True))(params, batch, rng)
+    np.testing.assert_allclose(loss, loss_whole, rtol=1e-6)
+    assert_trees_close(grads, grads_whole, atol=1e-6, rtol=1e-4)
+    assert np.abs(grads["encoder"]["relative_bias"]["embedding"]).max() > 0
+
+
 def expected_params(cfg, vocab=32768):
     """The standard count for post-LN transformers with biases, tied output embedding.
 
