@@ -22,9 +22,10 @@ unrolled` compiles a second program to count what the chips execute, recomputati
 included: the same step with `model.scan_layers=False`, windowed einsums off, on one
 micro-batch, scaled by `grad_accum_steps` (a 24-layer config: minutes more).
 
-`--max_batch` bisects over compiles for the largest global batch that fits, in steps of
-the data-parallel size (batch shards x `grad_accum_steps`, which every batch must divide
-by): doubling (or halving) from the config's batch, then halving the gap.
+`--max_batch` finds the largest global batch that fits, exactly, in steps of the
+data-parallel size (batch shards x `grad_accum_steps`, which every batch must divide by):
+memory is nearly linear in the batch, so two probes predict the answer and one more
+compile on each side of it confirms it (`max_batch`).
 """
 
 import dataclasses
@@ -245,9 +246,11 @@ def _flops(compiled) -> float:
 
 
 def _counting_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The same step with every loop XLA would count once unrolled: one micro-batch."""
+    """The same step with every loop XLA would count once unrolled (layers, query blocks):
+    one micro-batch."""
     c = config.copy_and_resolve_references()
     c.model.scan_layers = False
+    c.model.attention_query_chunk = 0
     c.batch_size = config.batch_size // config.grad_accum_steps
     c.grad_accum_steps = 1
     return c
@@ -293,34 +296,64 @@ def batch_unit(config: ml_collections.ConfigDict, devices: list) -> int:
 
 
 def max_batch(config, devices: list, hbm: int, known: tuple | None = None) -> MaxBatch:
-    """Bisection over compiles; `known` is a probe already made (batch, fits, bytes)."""
+    """The largest multiple of the data-parallel unit that fits, exactly, in few compiles.
+
+    Per-chip memory is close to linear in the batch (the state is fixed, activations and
+    temporaries grow with it), so after two probes the line through the nearest fitting and
+    non-fitting probes predicts the answer, and a probe next to the prediction confirms it:
+    about four compiles where bisection from the config's batch takes ten. Where the line
+    misses (layout changes, or an OOM probe whose byte count is only the compiler's lower
+    bound) a bisection step follows each prediction, so the bracket still halves.
+    `known` is a probe already made: (batch, fits, bytes).
+    """
     start = time.perf_counter()
     unit = batch_unit(config, devices)
-    probes = {known[0]: known} if known else {}
+    probes = {known[0] // unit: known} if known and known[0] % unit == 0 else {}
 
     def fits(units: int) -> bool:
-        batch = units * unit
-        if batch not in probes:
+        if units not in probes:
             c = config.copy_and_resolve_references()
-            c.batch_size = batch
+            c.batch_size = units * unit
             compiled, oom, _, _ = compile_step(c, devices)
             needed = Memory.of(compiled).total if compiled else required_bytes(oom)
-            probes[batch] = (batch, compiled is not None and needed <= hbm, needed)
-        return probes[batch][1]
+            probes[units] = (c.batch_size, compiled is not None and needed <= hbm, needed)
+        return probes[units][1]
 
-    lo, hi = 0, max(1, config.batch_size // unit)  # in units: lo fits (0 trivially)
-    if fits(hi):
-        lo, hi = hi, 2 * hi
-        while fits(hi):
-            lo, hi = hi, 2 * hi
-    else:
-        while hi > 1 and not fits(hi // 2):
-            hi //= 2
-        lo = hi // 2 if hi > 1 else 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    def bracket() -> tuple[int, int | None]:
+        """(largest fitting units, 0 if none; smallest larger one that does not, or None)."""
+        lo = max((u for u, p in probes.items() if p[1]), default=0)
+        return lo, min((u for u, p in probes.items() if u > lo and not p[1]), default=None)
+
+    first = max(1, config.batch_size // unit)
+    fits(2 * first if fits(first) else max(1, first // 2))
+    predict = True  # alternate: a prediction (and its neighbour), then a bisection step
+    lo, hi = bracket()
+    while hi is None or hi - lo > 1:
+        guess = _linear_guess(probes, lo, hi, hbm) if predict else None
+        if guess is None:  # bisection, or doubling while nothing is known not to fit
+            guess = 2 * max(lo, 1) if hi is None else (lo + hi) // 2
+        guess = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
+        neighbour = guess + 1 if fits(guess) else guess - 1  # across the predicted edge
+        if predict and neighbour > lo and (hi is None or neighbour < hi):
+            fits(neighbour)
+        predict = not predict
+        lo, hi = bracket()
     return MaxBatch(lo * unit, unit, tuple(sorted(probes.values())), time.perf_counter() - start)
+
+
+def _linear_guess(probes: dict, lo: int, hi: int | None, hbm: int) -> int | None:
+    """Units where the line through two probes (the bracket's ends, or the two largest that
+    fit) reaches `hbm`; None without two measured probes."""
+    measured = {u: p[2] for u, p in probes.items() if p[2] is not None}
+    ends = [u for u in (lo, hi) if u in measured]
+    if len(ends) < 2:
+        ends = sorted(measured)[-2:]
+    if len(ends) < 2:
+        return None
+    (u0, u1), (b0, b1) = ends, (measured[ends[0]], measured[ends[1]])
+    if b1 <= b0:  # no growth seen: the line says nothing
+        return None
+    return u0 + int((hbm - b0) * (u1 - u0) // (b1 - b0))
 
 
 def analyze(

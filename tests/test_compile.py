@@ -165,9 +165,11 @@ def test_max_batch_fits_and_its_double_does_not():
     found = aot.max_batch(config, devices, hbm, (config.batch_size, True, first.memory.total))
     assert found.unit == 4 and found.batch_size % found.unit == 0  # fsdp=4 shards the batch
     assert (found.batch_size, True) in {(b, ok) for b, ok, _ in found.probes}
+    # Exact: the next multiple of the unit was probed and does not fit.
+    assert (found.batch_size + found.unit, False) in {(b, ok) for b, ok, _ in found.probes}
     config.batch_size = 2 * found.batch_size
     assert not aot.analyze(config, "v5p-8", flops="skip", hbm_bytes=hbm).fits
-    # Bisection: a few compiles, not one per candidate batch.
+    # The line through two probes predicts the edge: a few compiles, not a bisection's ten.
     assert len(found.probes) <= 4, found.probes
 
 
