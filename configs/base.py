@@ -91,6 +91,9 @@ def get_config() -> ml_collections.ConfigDict:
     # >0: attention in blocks of this many queries, each recomputed in the backward pass, so
     # no layer holds [batch, heads, T, T] scores (maelm_jax/attention.py). 0: one block.
     c.model.attention_query_chunk = 0
+    # >0: the training loss runs the LM head on blocks of this many masked slots, each
+    # recomputed in the backward pass, so no [batch, k, vocab] logits exist (maelm_jax/loss.py).
+    c.model.lm_head_chunk = 0
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
 
@@ -150,11 +153,16 @@ def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
     Rematerialisation keeps matmul outputs and recomputes the rest (attention probabilities
     above all): on v5p-64 at batch 2048 x 512 MAE-LM-large then needs 27 GiB per chip
-    instead of more than the 96 GiB there is (`python -m maelm_jax.compile`).
+    instead of more than the 96 GiB there is (`python -m maelm_jax.compile`). Attention in
+    blocks of 128 queries and the LM head in blocks of 64 slots keep the [B, N, T, T] scores
+    and the [B, k, V] logits from ever existing whole, which is what limits the batch (README,
+    "Pod preflight").
     """
     c.model.num_layers = 24
     c.model.hidden_size = 1024
     c.model.num_heads = 16
     c.model.mlp_dim = 4096
     c.model.remat_policy = "dots_saveable"
+    c.model.attention_query_chunk = 128
+    c.model.lm_head_chunk = 64
     return c

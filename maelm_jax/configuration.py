@@ -66,6 +66,7 @@ class ModelConfig:
     scan_layers: bool
     remat_policy: str
     attention_query_chunk: int
+    lm_head_chunk: int
     layer_norm_epsilon: float
     init_std: float
 
@@ -185,6 +186,7 @@ RULES: dict[str, Rule] = {
     "model.dtype": one_of(tuple(DTYPES)),
     "model.remat_policy": one_of(REMAT_POLICIES),
     "model.attention_query_chunk": at_least(0),
+    "model.lm_head_chunk": at_least(0),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),
 }
@@ -304,6 +306,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelCon
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
         attention_query_chunk=m.attention_query_chunk,
+        lm_head_chunk=m.lm_head_chunk,
         layer_norm_epsilon=m.layer_norm_epsilon,
         init_std=m.init_std,
     )

@@ -46,6 +46,7 @@ REPRESENTED_FIELDS = {
     "scan_layers",
     "remat_policy",
     "attention_query_chunk",
+    "lm_head_chunk",
 }
 
 

@@ -261,12 +261,24 @@ class MaskedLM(nn.Module):
 
         For "mae_lm" the ids at masked_idx are never read: the encoder gathers visible_idx.
         """
+        hidden = self.masked_hidden(input_ids, masked_idx, visible_idx, deterministic, segment_ids)
+        return self.logits(hidden)
+
+    def logits(self, hidden):
+        """The LM head: [B, k, E] -> float32 [B, k, V]; apart so the loss can run it in blocks
+        of slots (`loss.chunked_masked_lm_sums`)."""
+        return self.lm_head(hidden, self.token_embed)
+
+    def masked_hidden(
+        self, input_ids, masked_idx, visible_idx, deterministic: bool = True, segment_ids=None
+    ):
+        """`__call__` up to the LM head: the last hidden state at the k masked slots [B, k, E]."""
         cfg = self.config
         segment_ids = self._segments(input_ids, segment_ids)
         if cfg.objective == "mlm":
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
             encoded = self.encode(input_ids, positions, deterministic, segment_ids)
-            return self.lm_head(gather_positions(encoded, masked_idx), self.token_embed)
+            return gather_positions(encoded, masked_idx)
         visible_ids = gather_positions(input_ids, visible_idx)
         visible_segments = gather_positions(segment_ids, visible_idx)
         encoded = self.encode(visible_ids, visible_idx, deterministic, visible_segments)
@@ -286,7 +298,7 @@ class MaskedLM(nn.Module):
                 deterministic,
                 self._mask_vector(),
             )
-        return self.lm_head(hidden, self.token_embed)
+        return hidden
 
 
 def init_inputs(seq_len: int, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:

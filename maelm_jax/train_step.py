@@ -7,6 +7,8 @@ to an uninterrupted one. Masking happens once on the global batch *before* it is
 micro-batches, so gradient accumulation does not change which tokens are masked.
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -41,16 +43,28 @@ def _microbatches(tree, num: int):
 
 
 def loss_sums(params, batch: masking.MaskedBatch, dropout_rng, model: nn.Module):
-    """(loss_sum, all sums) of one masked batch in training mode (dropout on)."""
-    logits = model.apply(
-        {"params": params},
+    """(loss_sum, all sums) of one masked batch in training mode (dropout on); the LM head
+    and loss in blocks of `model.config.lm_head_chunk` slots when k is larger."""
+    variables = {"params": params}
+    hidden = model.apply(
+        variables,
         batch.input_ids,
         batch.masked_idx,
         batch.visible_idx,
         deterministic=False,
         segment_ids=batch.segment_ids,
         rngs={"dropout": dropout_rng},
+        method=model.masked_hidden,
     )
+    head = functools.partial(model.apply, variables, method=model.logits)
+    chunk = model.config.lm_head_chunk
+    if chunk and hidden.shape[1] > chunk:
+        with jax.named_scope("loss"):
+            sums = loss.chunked_masked_lm_sums(
+                head, hidden, batch.labels, batch.mask_weights, chunk
+            )
+        return sums["loss_sum"], sums
+    logits = head(hidden)
     with jax.named_scope("loss"):
         sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
     return sums["loss_sum"], sums

@@ -303,6 +303,32 @@ def test_query_blocks_give_the_same_loss_and_gradients(objective, decoder):
     assert np.abs(grads["encoder"]["relative_bias"]["embedding"]).max() > 0
 
 
+@pytest.mark.parametrize("objective,decoder", [("mlm", "self"), ("mae_lm", "cross")])
+def test_lm_head_in_blocks_gives_the_same_sums_and_gradients(objective, decoder):
+    """lm_head_chunk: the k = 8 slots in blocks of 3 (the last padded with weight-0 slots)
+    give the training loss's sums and gradients of the whole [B, k, V] logits, and the
+    blocked program never holds them."""
+    from maelm_jax.train_step import loss_sums
+
+    model, params, batch = build(objective, decoder)
+    blocked = MaskedLM(frozen(tiny_config(objective, decoder, SEQ, lm_head_chunk=3))[0], PAD_ID)
+    rng = jax.random.PRNGKey(3)
+    grads = {
+        m: jax.jit(jax.grad(lambda p, m=m: loss_sums(p, batch, rng, m), has_aux=True))(params)
+        for m in (model, blocked)
+    }
+    (g_whole, sums_whole), (g_blocked, sums_blocked) = grads[model], grads[blocked]
+    assert batch.masked_idx.shape[1] == 8
+    assert_trees_close(sums_blocked, sums_whole, rtol=1e-6)
+    assert_trees_close(g_blocked, g_whole, atol=1e-6, rtol=1e-4)
+    logits = f"f32[{batch.input_ids.shape[0]},8,{model.config.vocab_size}]"
+    jaxpr = {
+        m: str(jax.make_jaxpr(lambda p, m=m: loss_sums(p, batch, rng, m))(params))
+        for m in (model, blocked)
+    }
+    assert logits in jaxpr[model] and logits not in jaxpr[blocked]
+
+
 def expected_params(cfg, vocab=32768):
     """The standard count for post-LN transformers with biases, tied output embedding.
 
