@@ -24,8 +24,8 @@ micro-batch, scaled by `grad_accum_steps` (a 24-layer config: minutes more).
 
 `--max_batch` finds the largest global batch that fits, exactly, in steps of the
 data-parallel size (batch shards x `grad_accum_steps`, which every batch must divide by):
-memory is nearly linear in the batch, so two probes predict the answer and one more
-compile on each side of it confirms it (`max_batch`).
+memory is nearly linear in the batch, so two compiled probes predict the answer and one
+more compile on each side of it confirms it (`max_batch`).
 """
 
 import dataclasses
@@ -39,6 +39,7 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
 from absl import app, flags
 from jax.experimental import topologies
 from ml_collections import config_flags
@@ -299,16 +300,21 @@ def max_batch(config, devices: list, hbm: int, known: tuple | None = None) -> Ma
     """The largest multiple of the data-parallel unit that fits, exactly, in few compiles.
 
     Per-chip memory is close to linear in the batch (the state is fixed, activations and
-    temporaries grow with it), so after two probes the line through the nearest fitting and
-    non-fitting probes predicts the answer, and a probe next to the prediction confirms it:
-    about four compiles where bisection from the config's batch takes ten. Where the line
-    misses (layout changes, or an OOM probe whose byte count is only the compiler's lower
-    bound) a bisection step follows each prediction, so the bracket still halves.
-    `known` is a probe already made: (batch, fits, bytes).
+    temporaries grow with it), so a line through compiled probes predicts the edge, and a
+    probe on each side of the prediction confirms it. The second probe sits an eighth
+    away from the first: an out-of-memory probe gives only the compiler's lower bound (it
+    stops at the first allocation that does not fit), so a far one (double the batch) bends
+    the line; only compiled probes' totals draw it. Where the line still misses (layout
+    changes), a bisection step follows each prediction, so the bracket still halves.
+    `known` is a probe already made: (batch, fits, bytes, bytes are a compiled total).
     """
     start = time.perf_counter()
     unit = batch_unit(config, devices)
-    probes = {known[0] // unit: known} if known and known[0] % unit == 0 else {}
+    probes, exact = {}, set()
+    if known and known[0] % unit == 0:
+        probes[known[0] // unit] = tuple(known[:3])
+        if known[3]:
+            exact.add(known[0] // unit)
 
     def fits(units: int) -> bool:
         if units not in probes:
@@ -317,6 +323,8 @@ def max_batch(config, devices: list, hbm: int, known: tuple | None = None) -> Ma
             compiled, oom, _, _ = compile_step(c, devices)
             needed = Memory.of(compiled).total if compiled else required_bytes(oom)
             probes[units] = (c.batch_size, compiled is not None and needed <= hbm, needed)
+            if compiled is not None:
+                exact.add(units)
         return probes[units][1]
 
     def bracket() -> tuple[int, int | None]:
@@ -325,35 +333,34 @@ def max_batch(config, devices: list, hbm: int, known: tuple | None = None) -> Ma
         return lo, min((u for u, p in probes.items() if u > lo and not p[1]), default=None)
 
     first = max(1, config.batch_size // unit)
-    fits(2 * first if fits(first) else max(1, first // 2))
+    step = max(1, first // 8)
+    fits(first + step if fits(first) else max(1, first - step))
     predict = True  # alternate: a prediction (and its neighbour), then a bisection step
     lo, hi = bracket()
     while hi is None or hi - lo > 1:
-        guess = _linear_guess(probes, lo, hi, hbm) if predict else None
+        line = predict or hi is None  # nothing to bisect before a probe fails
+        guess = _linear_guess({u: probes[u][2] for u in exact}, hbm) if line else None
         if guess is None:  # bisection, or doubling while nothing is known not to fit
             guess = 2 * max(lo, 1) if hi is None else (lo + hi) // 2
         guess = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
         neighbour = guess + 1 if fits(guess) else guess - 1  # across the predicted edge
-        if predict and neighbour > lo and (hi is None or neighbour < hi):
+        if line and neighbour > lo and (hi is None or neighbour < hi):
             fits(neighbour)
         predict = not predict
         lo, hi = bracket()
     return MaxBatch(lo * unit, unit, tuple(sorted(probes.values())), time.perf_counter() - start)
 
 
-def _linear_guess(probes: dict, lo: int, hi: int | None, hbm: int) -> int | None:
-    """Units where the line through two probes (the bracket's ends, or the two largest that
-    fit) reaches `hbm`; None without two measured probes."""
-    measured = {u: p[2] for u, p in probes.items() if p[2] is not None}
-    ends = [u for u in (lo, hi) if u in measured]
-    if len(ends) < 2:
-        ends = sorted(measured)[-2:]
-    if len(ends) < 2:
+def _linear_guess(measured: dict, hbm: int) -> int | None:
+    """Units where the least-squares line through the compiled probes' totals reaches
+    `hbm` (all of them: single layouts jitter a few MiB); None without two."""
+    if len(measured) < 2:
         return None
-    (u0, u1), (b0, b1) = ends, (measured[ends[0]], measured[ends[1]])
-    if b1 <= b0:  # no growth seen: the line says nothing
+    units = np.array(sorted(measured), dtype=np.float64)
+    slope, intercept = np.polyfit(units, [measured[u] for u in units.astype(int)], 1)
+    if slope <= 0:  # no growth seen: the line says nothing
         return None
-    return u0 + int((hbm - b0) * (u1 - u0) // (b1 - b0))
+    return int((hbm - intercept) // slope)
 
 
 def analyze(
@@ -380,6 +387,7 @@ def analyze(
     fits = compiled is not None and memory.total <= hbm
 
     per_device, source, flops_seconds = _count_flops(config, devices, compiled, flops)
+    known = (config.batch_size, fits, needed, memory is not None)
     return Report(
         topology=topology,
         libtpu_topology=slice_.libtpu_name,
@@ -401,9 +409,7 @@ def analyze(
         flops_compile_seconds=flops_seconds,
         peak_flops_per_chip=slice_.chip.peak_bf16_flops,
         model_flops_per_step=flop_count.step_flops(config, flop_count.num_params(config)),
-        max_batch=max_batch(config, devices, hbm, (config.batch_size, fits, needed))
-        if find_max_batch
-        else None,
+        max_batch=max_batch(config, devices, hbm, known) if find_max_batch else None,
     )
 
 

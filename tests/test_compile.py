@@ -162,7 +162,7 @@ def test_max_batch_fits_and_its_double_does_not():
     devices = aot.topology_devices(tpu_chips.parse("v5p-8"))
     first = aot.analyze(config, "v5p-8", flops="skip")
     hbm = int(first.memory.total * 1.05)  # a bound that bites within a few batch units
-    found = aot.max_batch(config, devices, hbm, (config.batch_size, True, first.memory.total))
+    found = aot.max_batch(config, devices, hbm, (config.batch_size, True, first.memory.total, True))
     assert found.unit == 4 and found.batch_size % found.unit == 0  # fsdp=4 shards the batch
     assert (found.batch_size, True) in {(b, ok) for b, ok, _ in found.probes}
     # Exact: the next multiple of the unit was probed and does not fit.
