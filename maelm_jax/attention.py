@@ -155,7 +155,7 @@ def attend(
     elif bias is not None:
         bias_blocks = blocks(bias, axis=2)
     else:
-        bias_blocks = jnp.zeros((n,))  # placeholder: no bias
+        bias_blocks = None
 
     @jax.checkpoint
     def block(inputs):
