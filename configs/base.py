@@ -154,7 +154,7 @@ def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     Rematerialisation keeps matmul outputs and recomputes the rest (attention probabilities
     above all): on v5p-64 at batch 2048 x 512 MAE-LM-large then needs 27 GiB per chip
     instead of more than the 96 GiB there is (`python -m maelm_jax.compile`). Attention in
-    blocks of 256 queries and the LM head in blocks of 64 slots keep the [B, N, T, T] scores
+    blocks of 128 queries and the LM head in blocks of 32 slots keep the [B, N, T, T] scores
     and the [B, k, V] logits from ever existing whole, which is what limits the batch (README,
     "Pod preflight").
     """
@@ -163,8 +163,6 @@ def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.model.num_heads = 16
     c.model.mlp_dim = 4096
     c.model.remat_policy = "dots_saveable"
-    # 256, not 128: libtpu 0.0.42 crashes (SIGSEGV) compiling attention-probability dropout
-    # on [B, 16, 128, 512] query blocks; [B, 16, 256, 512] compiles.
-    c.model.attention_query_chunk = 256
-    c.model.lm_head_chunk = 64
+    c.model.attention_query_chunk = 128
+    c.model.lm_head_chunk = 32
     return c

@@ -1,14 +1,24 @@
 """Benchmarks that print numbers: training speed and checkpoint saves on this machine.
 
-    python -m maelm_jax.bench speed --configs=default --steps=20
+    python -m maelm_jax.bench speed --configs=mlm_base,three_ml_self_base --seq_len=128 \
+        --batch_size=8 [--rounds=8 --steps=5] [--dtype=float32] [--json]
     python -m maelm_jax.bench checkpoint --configs=mae_lm_base
 
 `speed` times the real sharded train step on the local devices (random token ids: content
-does not change the work). FLOPs per step by method and region: `python -m maelm_jax.flops`.
+does not change the work) against what this machine's matmuls reach in the same process:
+each round times every config's steps and then a plain `jnp.dot` of the first config's MLP
+shape ([batch x seq, hidden] x [hidden, mlp]), so load from elsewhere lands on all of them
+alike, and the medians over rounds are reported. "of matmul" is the model's FLOP/s
+(`flop_count`'s analytic FLOPs: what the model needs, not what remat recomputes) over that
+matmul rate: the share of the step that runs at matmul speed. A compile after the first
+step counts as a recompile (there should be none). FLOPs per step by method and region:
+`python -m maelm_jax.flops`.
 """
 
 import importlib
+import json
 import pathlib
+import statistics
 import tempfile
 import time
 
@@ -21,6 +31,7 @@ from maelm_jax import (
     checkpoint_integrity,
     checkpointing,
     cli,
+    flop_count,
     metric_logging,
     programs,
     sharding,
@@ -35,7 +46,18 @@ _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 flags.DEFINE_list("configs", ["mlm_base", "three_ml_self_base"], "Config modules in configs/.")
 flags.DEFINE_integer("batch_size", None, "Global batch; default: each config's own.", lower_bound=1)
 flags.DEFINE_integer("seq_len", None, "Sequence length; default: each config's own.", lower_bound=2)
-flags.DEFINE_integer("steps", 20, "`speed`: timed steps after the compile step.", lower_bound=1)
+flags.DEFINE_integer("steps", 5, "`speed`: timed steps per config and round.", lower_bound=1)
+flags.DEFINE_integer(
+    "rounds", 8, "`speed`: rounds, each timing every config in turn.", lower_bound=1
+)
+flags.DEFINE_enum(
+    "dtype",
+    None,
+    ["float32", "bfloat16"],
+    "`speed`: compute dtype; default: float32 on CPU (which emulates bf16 matmuls), else "
+    "each config's own.",
+)
+flags.DEFINE_boolean("json", False, "`speed`: print one JSON object instead of the table.")
 flags.register_validator(
     "configs",
     lambda names: all((_CONFIGS_DIR / f"{name}.py").is_file() for name in names),
@@ -53,33 +75,165 @@ def _config(name: str):
     return config
 
 
-def run_speed() -> None:
-    for name in FLAGS.configs:
-        config = _config(name)
-        mesh = sharding.create_mesh(config)
-        progs = programs.build(config, mesh, config.vocab_size)
-        state = progs.initialize(jax.random.PRNGKey(0))
-        rng = np.random.default_rng(0)
-        local = config.batch_size // jax.process_count()
-        rows = rng.integers(FIRST_REGULAR_ID, config.vocab_size, (local, config.seq_len))
-        rows[:, 0] = BOS_ID
-        batch = train.global_batch(progs, rows.astype(np.int32))
-        with sharding.activate(mesh, progs.rules):
-            start = time.perf_counter()
-            state, metrics = progs.train_step(state, batch)
-            jax.block_until_ready(metrics)
-            compile_s = time.perf_counter() - start
-            start = time.perf_counter()
-            for _ in range(FLAGS.steps):
-                state, metrics = progs.train_step(state, batch)
-            jax.block_until_ready(metrics)
-            per_step = (time.perf_counter() - start) / FLAGS.steps
-        tokens = config.batch_size * config.seq_len
-        print(
-            f"{name}: batch {config.batch_size} x {config.seq_len} on {len(mesh.devices.flat)} "
-            f"{jax.devices()[0].device_kind} device(s): first step (compile) {compile_s:.1f}s, "
-            f"{1 / per_step:.2f} steps/s, {tokens / per_step:,.0f} tokens/s"
+class _CompileCounter:
+    """Counts XLA compiles: a step that compiles after the first is a recompile."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        def listen(event, duration, **kwargs):
+            del duration, kwargs
+            if event == "/jax/core/compile/backend_compile_duration":
+                cls.count += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+
+
+def _speed_dtype() -> str | None:
+    if FLAGS.dtype:
+        return FLAGS.dtype
+    return "float32" if jax.default_backend() == "cpu" else None
+
+
+class _Timed:
+    """One config's train step, compiled, with its state and a batch."""
+
+    def __init__(self, name: str, dtype: str | None):
+        self.name = name
+        self.config = config = _config(name)
+        if dtype:
+            config.model.dtype = dtype
+        self.mesh = sharding.create_mesh(config)
+        self.progs = programs.build(config, self.mesh, config.vocab_size)
+        self.state = self.progs.initialize(jax.random.PRNGKey(0))
+        rows = np.random.default_rng(0).integers(
+            FIRST_REGULAR_ID,
+            config.vocab_size,
+            (config.batch_size // jax.process_count(), config.seq_len),
         )
+        rows[:, 0] = BOS_ID
+        self.batch = train.global_batch(self.progs, rows.astype(np.int32))
+        self.flops = flop_count.step_flops(config, flop_count.num_params(config))
+        self.compile_s = self.run(1)
+        self.seconds = []  # per round, for FLAGS.steps steps
+
+    def run(self, steps: int) -> float:
+        with sharding.activate(self.mesh, self.progs.rules):
+            start = time.perf_counter()
+            for _ in range(steps):
+                self.state, metrics = self.progs.train_step(self.state, self.batch)
+            jax.block_until_ready(metrics)
+        return time.perf_counter() - start
+
+
+class _Matmul:
+    """`jnp.dot` at the config's MLP shape, rows sharded like the batch: the reference rate."""
+
+    def __init__(self, config, dtype: str, mesh):
+        self.shape = (
+            config.batch_size * config.seq_len,
+            config.model.hidden_size,
+            config.model.mlp_dim,
+        )
+        m, e, f = self.shape
+        rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names))
+        keys = jax.random.split(jax.random.PRNGKey(0))
+        self.x = jax.device_put(jax.random.normal(keys[0], (m, e), dtype), rows)
+        self.w = jax.random.normal(keys[1], (e, f), dtype)
+        self.dot = jax.jit(jnp.dot)
+        self.flops = 2 * m * e * f
+        jax.block_until_ready(self.dot(self.x, self.w))
+        start = time.perf_counter()
+        jax.block_until_ready(self.dot(self.x, self.w))
+        self.reps = max(1, round(0.5 / (time.perf_counter() - start)))  # ~0.5 s a round
+        self.rates = []
+
+    def round(self) -> None:
+        start = time.perf_counter()
+        for _ in range(self.reps):
+            out = self.dot(self.x, self.w)
+        jax.block_until_ready(out)
+        self.rates.append(self.reps * self.flops / (time.perf_counter() - start))
+
+
+def run_speed() -> None:
+    dtype = _speed_dtype()
+    _CompileCounter.install()
+    timed = [_Timed(name, dtype) for name in FLAGS.configs]
+    first = timed[0]
+    matmul_dtype = dtype or first.config.model.dtype
+    matmul = _Matmul(first.config, matmul_dtype, first.mesh)
+    compiles_before = _CompileCounter.count
+    for _ in range(FLAGS.rounds):
+        for t in timed:
+            t.seconds.append(t.run(FLAGS.steps))
+        matmul.round()
+    recompiles = _CompileCounter.count - compiles_before
+    rows = []
+    for t in timed:
+        step_s = [s / FLAGS.steps for s in t.seconds]
+        rates = [t.flops / s for s in step_s]
+        tokens = t.config.batch_size * t.config.seq_len
+        rows.append(
+            {
+                "config": t.name,
+                "dtype": t.config.model.dtype,
+                "compile_s": t.compile_s,
+                "steps_per_sec": statistics.median(1 / s for s in step_s),
+                "tokens_per_sec": statistics.median(tokens / s for s in step_s),
+                "model_tflops_per_sec": statistics.median(rates) / 1e12,
+                "of_matmul": statistics.median(
+                    r / m for r, m in zip(rates, matmul.rates, strict=True)
+                ),
+                "flops_per_step": t.flops,
+                "flops_vs_first": t.flops / first.flops,
+                "step_time_vs_first": statistics.median(
+                    a / b for a, b in zip(t.seconds, first.seconds, strict=True)
+                ),
+            }
+        )
+    result = {
+        "batch_size": first.config.batch_size,
+        "seq_len": first.config.seq_len,
+        "devices": len(first.mesh.devices.flat),
+        "device_kind": jax.devices()[0].device_kind,
+        "rounds": FLAGS.rounds,
+        "steps_per_round": FLAGS.steps,
+        "matmul": {
+            "shape": list(matmul.shape),
+            "dtype": matmul_dtype,
+            "tflops_per_sec": statistics.median(matmul.rates) / 1e12,
+        },
+        "recompiles": recompiles,
+        "configs": rows,
+    }
+    if FLAGS.json:
+        print(json.dumps(result))
+        return
+    print(_speed_table(result))
+
+
+def _speed_table(result: dict) -> str:
+    m, e, f = result["matmul"]["shape"]
+    lines = [
+        f"bench speed: {result['devices']} {result['device_kind']} device(s), batch "
+        f"{result['batch_size']} x {result['seq_len']}; {result['rounds']} rounds of "
+        f"{result['steps_per_round']} steps per config, each round then the matmul; medians",
+        f"matmul: jnp.dot [{m}, {e}] x [{e}, {f}] {result['matmul']['dtype']}: "
+        f"{result['matmul']['tflops_per_sec']:.4g} TFLOP/s",
+        f"FLOPs and time ratios are to {result['configs'][0]['config']}",
+        f"{'config':<22}{'dtype':>9}{'compile s':>10}{'steps/s':>9}{'tokens/s':>10}"
+        f"{'model TFLOP/s':>15}{'of matmul':>11}{'FLOPs ratio':>13}{'time ratio':>12}",
+    ]
+    for r in result["configs"]:
+        lines.append(
+            f"{r['config']:<22}{r['dtype']:>9}{r['compile_s']:>10.1f}{r['steps_per_sec']:>9.3f}"
+            f"{r['tokens_per_sec']:>10,.0f}{r['model_tflops_per_sec']:>15.4g}"
+            f"{r['of_matmul']:>11.3f}{r['flops_vs_first']:>13.3f}{r['step_time_vs_first']:>12.3f}"
+        )
+    lines.append(f"recompiles after the first step: {result['recompiles']}")
+    return "\n".join(lines)
 
 
 def run_checkpoint() -> None:
