@@ -16,9 +16,7 @@ layers when it is materialised once per stack. So the bias travels factored
 (`RelativeBias`: a [2P - 1, N] table of every offset's bias and the tokens' positions),
 and `model.attention_query_chunk` splits the queries into blocks that each build their
 bias, scores and probabilities, and recompute them in the backward pass: temporaries of
-[B, N, chunk, S] instead of [B, N, T, S], for a second pass over the scores. In training,
-the MAE-LM encoder attends on its kept tokens spread back to their positions (`Slots`), so
-its bias is one Toeplitz matrix for the batch and its gradient needs no scatter.
+[B, N, chunk, S] instead of [B, N, T, S], for a second pass over the scores.
 
 Without dropout, attention goes through `jax.nn.dot_product_attention` so XLA (or cuDNN on
 GPUs) can choose a fused kernel. That API has no attention-probability dropout, so when
@@ -92,70 +90,6 @@ def segment_mask(query_segments, key_segments):
     return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
 
 
-@jax.custom_vjp
-def _take_rows(x, index, inverse):
-    """x [B, R, ...] -> [B, len(index), ...]: row index[b, i] of x, zeros where it is R
-    (out of bounds: no padded copy of x).
-
-    `index` and `inverse` are each other's inverse (a row is read by at most one output),
-    so the transpose is this same gather with the two swapped, not the scatter-add XLA
-    would derive: on TPU a scatter sorts all its updates, with large temporaries."""
-    index = index.reshape(index.shape + (1,) * (x.ndim - 2))
-    return jnp.take_along_axis(x, index, axis=1, mode="fill", fill_value=0)
-
-
-def _take_rows_fwd(x, index, inverse):
-    return _take_rows(x, index, inverse), (index, inverse)
-
-
-def _take_rows_bwd(residuals, g):
-    index, inverse = residuals
-    return _take_rows(g, inverse, index), None, None
-
-
-_take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
-
-
-@flax.struct.dataclass
-class Slots:
-    """Where the T kept tokens of an MAE-LM encoder row sit among all L positions.
-
-    Spread to their positions (an empty slot in segment -2 as a key and -3 as a query, so it
-    sees and is seen by nothing), queries and keys share the same positions 0..L-1 in every
-    row, and the relative bias is one [N, L, L] Toeplitz matrix for the whole batch: its
-    gradient is a sum over the batch. Gathered per example instead ([B, N, T, S] lookups
-    of the offset table), its gradient is a scatter-add of B x T x S updates: on TPU a sort
-    over all of them with the 16 heads as the minor dimension padded to 128 lanes, several
-    GiB per chip at a pod batch, more than the whole saving of the shorter encoder. The
-    price is attention over L x L instead of T x T (empty rows and columns masked): 1.4x the
-    attention matmuls at 15% masking, ~3% of an encoder layer's FLOPs.
-    """
-
-    index: jax.Array  # [B, L] int: the token at each position; T where the position is empty
-    positions: jax.Array  # [B, T] int: each token's position (the inverse of `index`)
-
-    @classmethod
-    def of(cls, positions, length: int) -> "Slots":
-        """positions [B, T], distinct within a row, in [0, length)."""
-        batch, t = positions.shape
-        rows = jnp.arange(batch)[:, None]
-        index = jnp.full((batch, length), t, jnp.int32).at[rows, positions].set(jnp.arange(t))
-        return cls(index, positions)
-
-    def spread(self, x):
-        """[B, T, ...] -> [B, L, ...], zeros at empty positions."""
-        return _take_rows(x, self.index, self.positions)
-
-    def collect(self, x):
-        """[B, L, ...] -> [B, T, ...]: the rows at the tokens' positions."""
-        return _take_rows(x, self.positions, self.index)
-
-    def spread_segments(self, segment_ids, empty: int):
-        """[B, T] -> [B, L]; `empty` at empty positions."""
-        padded = jnp.concatenate([segment_ids, jnp.full_like(segment_ids[:, :1], empty)], axis=1)
-        return jnp.take_along_axis(padded, self.index, axis=1)
-
-
 @flax.struct.dataclass
 class RelativeBias:
     """A relative position bias in factored form; `dense` expands it.
@@ -164,29 +98,15 @@ class RelativeBias:
     its gradient accumulates in the same small table. Materialised once per stack instead,
     the MAE-LM encoder's bias is [B, N, T, S] per example (the kept tokens' distances
     differ), and so is its gradient accumulator, both live across every layer.
-
-    With `slots` (the MAE-LM encoder in training: the queries and keys are the kept tokens),
-    `attend` runs on all L positions (`Slots` says why) and `dense` is [1, N, L, L].
     """
 
     by_offset: jax.Array  # [2P - 1, N] float32: the bias of offset key - query, at d + P - 1
     query_positions: jax.Array  # [B|1, T] int: original positions
     key_positions: jax.Array  # [B|1, S] int
-    slots: Slots | None = None
 
     def dense(self, dtype=jnp.float32) -> jax.Array:
-        """[B|1, N, T, S] in `dtype` ([1, N, L, L] with `slots`); gathered in float32 so its
-        gradient sums in float32."""
+        """[B|1, N, T, S] in `dtype`; gathered in float32 so its gradient sums in float32."""
         last = self.by_offset.shape[0] // 2  # P - 1
-        if self.slots is not None:
-            length = self.slots.index.shape[1]
-            table = self.by_offset.T  # [N, 2P - 1]: a row's offsets are contiguous
-
-            def row(query_position):  # offsets -p .. L - 1 - p: [N, L]
-                return jax.lax.dynamic_slice_in_dim(table, last - query_position, length, 1)
-
-            rows = jax.vmap(row)(jnp.arange(length))  # [L, N, L]
-            return jnp.transpose(rows.astype(dtype), (1, 0, 2))[None]
         relative = self.key_positions[:, None, :] - self.query_positions[:, :, None] + last
         return jnp.transpose(self.by_offset[relative].astype(dtype), (0, 3, 1, 2))
 
@@ -215,18 +135,7 @@ def attend(
     With `query_chunk` > 0 and T longer, the queries go in ceil(T / query_chunk) equal blocks
     (the last padded with queries that see no key), each under `jax.checkpoint`, so no
     [B, N, T, S] array exists in either pass. Every query's result is the same as unchunked.
-    A bias with `slots` runs the same on the tokens spread to all L positions (`Slots`).
     """
-    if isinstance(bias, RelativeBias) and bias.slots is not None:
-        slots = bias.slots
-        q, k, v = slots.spread(q), slots.spread(k), slots.spread(v)
-        query_segments = slots.spread_segments(query_segments, -3)
-        key_segments = slots.spread_segments(key_segments, -2)
-        dense = bias.dense(q.dtype)
-        out = attend(
-            q, k, v, query_segments, key_segments, dense, dropout_rate, dropout_rng, query_chunk
-        )
-        return slots.collect(out)
     t = q.shape[1]
     if not query_chunk or t <= query_chunk:
         bias = _dense(bias, q.dtype)
@@ -362,9 +271,8 @@ class RelativePositionBias(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, query_positions, key_positions, slots=None) -> RelativeBias:
-        """[B, T], [B, S] int -> the bias, [B, N, T, S] when made dense; with `slots` (the
-        queries and keys are the same kept tokens, spread by `attend`) [1, N, L, L]."""
+    def __call__(self, query_positions, key_positions) -> RelativeBias:
+        """[B, T], [B, S] int -> the bias, [B, N, T, S] when made dense."""
         cfg = self.config
         table = self.param(
             "embedding",
@@ -377,5 +285,4 @@ class RelativePositionBias(nn.Module):
             cfg.relative_attention_max_distance,
             cfg.max_positions,
         )
-        by_offset = table[jnp.asarray(offsets)]
-        return RelativeBias(by_offset, query_positions, key_positions, slots)
+        return RelativeBias(table[jnp.asarray(offsets)], query_positions, key_positions)

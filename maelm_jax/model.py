@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from maelm_jax import logical_axes as ax
-from maelm_jax.attention import RelativePositionBias, Slots
+from maelm_jax.attention import RelativePositionBias
 from maelm_jax.configuration import ModelConfig
 from maelm_jax.transformer import CrossDecoderBlock, EncoderBlock, apply_layers, layer_norm
 
@@ -53,14 +53,8 @@ class Encoder(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, token_vectors, positions, segment_ids, deterministic: bool, length=None):
-        """token_vectors [B, T, E], positions [B, T], segment_ids int [B, T] -> [B, T, E].
-
-        `length`: the tokens are a subset of L = `length` positions (the MAE-LM encoder's
-        visible tokens); with a relative bias, attention then runs on the tokens spread to
-        their positions (`attention.Slots`: the bias's gradient needs no scatter). Same
-        values.
-        """
+    def __call__(self, token_vectors, positions, segment_ids, deterministic: bool):
+        """token_vectors [B, T, E], positions [B, T], segment_ids int [B, T] -> [B, T, E]."""
         cfg = self.config
         x = token_vectors + PositionEmbedding(cfg, name="position_embed")(positions)
         x = layer_norm(cfg, "embed_norm")(x)
@@ -68,8 +62,7 @@ class Encoder(nn.Module):
         x = ax.constrain(x, ax.HIDDEN)
         bias = None
         if cfg.relative_attention_buckets:
-            slots = None if length is None else Slots.of(positions, length)
-            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions, slots)
+            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
         return apply_layers(
             EncoderBlock,
             cfg,
@@ -248,15 +241,11 @@ class MaskedLM(nn.Module):
             return (input_ids != self.pad_id).astype(jnp.int32)
         return segment_ids
 
-    def encode(
-        self, input_ids, positions, deterministic: bool = True, segment_ids=None, length=None
-    ):
+    def encode(self, input_ids, positions, deterministic: bool = True, segment_ids=None):
         """input_ids, positions: [B, T] -> [B, T, E]; segment_ids [B, T] (default: every non-pad
-        token in one segment) confine attention to a document; padding is never attended to.
-        `length`: the tokens are a subset of that many positions (see `Encoder`)."""
+        token in one segment) confine attention to a document; padding is never attended to."""
         segment_ids = self._segments(input_ids, segment_ids)
-        vectors = self.token_embed(input_ids)
-        return self.encoder(vectors, positions, segment_ids, deterministic, length)
+        return self.encoder(self.token_embed(input_ids), positions, segment_ids, deterministic)
 
     def _mask_vector(self):
         """The `<mask>` embedding row [E], or None where the decoder learns its own vector."""
@@ -292,8 +281,7 @@ class MaskedLM(nn.Module):
             return gather_positions(encoded, masked_idx)
         visible_ids = gather_positions(input_ids, visible_idx)
         visible_segments = gather_positions(segment_ids, visible_idx)
-        length = input_ids.shape[1]
-        encoded = self.encode(visible_ids, visible_idx, deterministic, visible_segments, length)
+        encoded = self.encode(visible_ids, visible_idx, deterministic, visible_segments)
         self.sow("intermediates", "encoder_output", encoded)
         if cfg.decoder == "self":
             hidden = self.decoder(

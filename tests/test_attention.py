@@ -2,7 +2,6 @@
 
 import flax.linen as nn
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -153,55 +152,3 @@ def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path)
         c: str(jax.make_jaxpr(lambda *a, c=c: grad(*a, c))(q, k, v, by_offset)) for c in (0, 3)
     }
     assert "f32[2,3,7,6]" in shapes[0] and "f32[2,3,7,6]" not in shapes[3]
-
-
-@pytest.mark.parametrize("chunk", [0, 3])
-def test_tokens_spread_to_their_positions_give_the_same_values_and_gradients(chunk):
-    """Slots: the MAE-LM encoder's kept tokens (rows of 6 of 10 positions, with padding and
-    two documents) spread to all 10 positions under one Toeplitz bias equal the direct
-    [B, N, T, S] lookup: outputs and the gradients of q, k, v and the offset table; and
-    the gradient program scatters no update per (query, key) pair, only one per bias row."""
-    from maelm_jax.attention import RelativeBias, Slots, attend
-
-    keys = jax.random.split(jax.random.PRNGKey(2), 4)
-    positions = jnp.array([[0, 2, 3, 5, 8, 9], [1, 4, 5, 6, 7, 9]])
-    segments = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 2, 2, 2]])
-    q, k, v = (jax.random.normal(key, (2, 6, 3, 4)) for key in keys[:3])
-    by_offset = jax.random.normal(keys[3], (2 * 10 - 1, 3))
-
-    def loss(q, k, v, by_offset, slots):
-        bias = RelativeBias(by_offset, positions, positions, slots)
-        out = attend(q, k, v, segments, segments, bias, query_chunk=chunk)
-        return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape))), out
-
-    grad = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
-    slots = Slots.of(positions, 10)
-    (direct, out_direct), (spread, out_spread) = (
-        grad(q, k, v, by_offset, s) for s in (None, slots)
-    )
-    np.testing.assert_allclose(out_spread, out_direct, atol=1e-5)
-    for a, b in zip(spread, direct, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
-    assert np.abs(direct[3]).max() > 0
-    rows = {
-        name: _scatter_index_rows(jax.make_jaxpr(lambda *a, s=s: grad(*a, s))(q, k, v, by_offset))
-        for name, s in (("direct", None), ("spread", slots))
-    }
-    per_pair = 2 * (3 if chunk else 6) * 6  # one update per (row, query, key) of a block
-    assert max(rows["direct"]) == per_pair
-    assert max(rows["spread"]) == 10  # the Toeplitz matrix's rows
-
-
-def _scatter_index_rows(closed_jaxpr) -> list[int]:
-    """The number of index rows of every scatter-add in a program, nested ones included."""
-    found = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "scatter-add":
-                found.append(int(np.prod(eqn.invars[1].aval.shape[:-1])))
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(closed_jaxpr.jaxpr)
-    return found

@@ -1,0 +1,57 @@
+"""`bench speed`: its FLOP rates come from the count training logs, and no step recompiles."""
+
+import importlib
+import json
+
+from test_bad_input import run_command
+
+from maelm_jax import flop_count
+
+ARGS = dict(seq_len=32, batch_size=2)
+
+
+def expected_flops(name: str) -> float:
+    config = importlib.import_module(f"configs.{name}").get_config()
+    config.seq_len, config.batch_size = ARGS["seq_len"], ARGS["batch_size"]
+    return flop_count.step_flops(config, flop_count.num_params(config))
+
+
+def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():
+    names = ["default", "mlm_base"]
+    flags = [f"--{k}={v}" for k, v in ARGS.items()]
+    result = run_command(
+        [
+            "maelm_jax.bench",
+            "speed",
+            f"--configs={','.join(names)}",
+            *flags,
+            "--rounds=3",
+            "--steps=1",
+            "--json",
+        ],
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["recompiles"] == 0
+    assert report["matmul"]["dtype"] == "float32"  # CPU: emulated bf16 would say nothing
+    rows = {row["config"]: row for row in report["configs"]}
+    assert list(rows) == names and all(row["dtype"] == "float32" for row in rows.values())
+    flops = {name: expected_flops(name) for name in names}
+    for name, row in rows.items():
+        assert row["flops_per_step"] == flops[name]
+        assert row["flops_vs_first"] == flops[name] / flops["default"]
+        tokens = ARGS["seq_len"] * ARGS["batch_size"]
+        assert (
+            abs(row["tokens_per_sec"] - tokens * row["steps_per_sec"])
+            < 1e-6 * row["tokens_per_sec"]
+        )
+        assert row["of_matmul"] > 0 and row["model_tflops_per_sec"] > 0
+    default_config = importlib.import_module("configs.default").get_config().model
+    assert report["matmul"]["shape"] == [
+        ARGS["seq_len"] * ARGS["batch_size"],
+        default_config.hidden_size,
+        default_config.mlp_dim,
+    ]
+    assert rows["default"]["step_time_vs_first"] == 1.0
+    assert rows["mlm_base"]["step_time_vs_first"] > 1.0  # 12 x 768 against the demo's model
