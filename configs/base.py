@@ -152,7 +152,7 @@ def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     large config sets its own paper's training recipe.
 
     Rematerialisation keeps matmul outputs and recomputes the rest (attention probabilities
-    above all): on v5p-64 at batch 2048 x 512 MAE-LM-large then needs 27 GiB per chip
+    above all): on v5p-64 at batch 2048 x 512 MAE-LM-large then needs 22 GiB per chip
     instead of more than the 96 GiB there is (`python -m maelm_jax.compile`). Attention in
     blocks of 128 queries and the LM head in blocks of 32 slots keep the [B, N, T, T] scores
     and the [B, k, V] logits from ever existing whole, which is what limits the batch (README,

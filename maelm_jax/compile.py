@@ -247,11 +247,12 @@ def _flops(compiled) -> float:
 
 
 def _counting_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The same step with every loop XLA would count once unrolled (layers, query blocks):
-    one micro-batch."""
+    """The same step with every loop XLA would count once unrolled (layers, query blocks,
+    LM-head slot blocks): one micro-batch."""
     c = config.copy_and_resolve_references()
     c.model.scan_layers = False
     c.model.attention_query_chunk = 0
+    c.model.lm_head_chunk = 0
     c.batch_size = config.batch_size // config.grad_accum_steps
     c.grad_accum_steps = 1
     return c

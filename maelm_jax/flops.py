@@ -65,7 +65,9 @@ def method_config(config: ml_collections.ConfigDict, method: str, mask_rate: flo
     c.model.relative_attention_buckets = buckets
     c.model.scan_layers = False
     c.model.remat_policy = "none"
-    c.model.attention_query_chunk = 0  # its loop over query blocks would be counted once
+    # Their loops over query blocks and LM-head slot blocks would be counted once.
+    c.model.attention_query_chunk = 0
+    c.model.lm_head_chunk = 0
     c.batch_size = config.batch_size // config.grad_accum_steps
     c.grad_accum_steps = 1
     return c

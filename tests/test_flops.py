@@ -57,3 +57,13 @@ def test_table_prints_every_method_and_the_verdict(rows):
     text = flops.format_table(list(rows.values()), "header")
     assert [line.split()[0] for line in text.splitlines()[3:6]] == list(rows)
     assert text.splitlines()[-1].endswith("yes")
+
+
+def test_blocked_attention_and_lm_head_count_the_same(rows):
+    """Query blocks and LM-head slot blocks are loops, which XLA's cost analysis counts
+    once; the report counts the same step with them unrolled, as without blocks."""
+    config = tiny_config(**MODEL)
+    config.model.attention_query_chunk = 8
+    config.model.lm_head_chunk = 4  # 16 masked slots at 50%: 4 blocks
+    (blocked,) = flops.table(config, jax.devices()[:1], 0.5, ("3ml_self",))
+    assert blocked.xla_total == pytest.approx(rows["3ml_self"].xla_total, rel=1e-6)
