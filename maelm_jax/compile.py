@@ -246,9 +246,9 @@ def _flops(compiled) -> float:
     return float(costs["flops"])
 
 
-def _counting_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def counting_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The same step with every loop XLA would count once unrolled (layers, query blocks,
-    LM-head slot blocks): one micro-batch."""
+    LM-head slot blocks): one micro-batch. `maelm_jax.flops` counts from it too."""
     c = config.copy_and_resolve_references()
     c.model.scan_layers = False
     c.model.attention_query_chunk = 0
@@ -269,7 +269,7 @@ def _count_flops(config, devices, compiled, mode: str):
         return None, "skipped: the step does not compile within HBM", None
     if not matmul_loops(compiled.as_text()):
         return _flops(compiled), "the configured program, which has no loops with matmuls", None
-    counting, oom, _, seconds = compile_step(_counting_config(config), devices, NO_WINDOWED_EINSUM)
+    counting, oom, _, seconds = compile_step(counting_config(config), devices, NO_WINDOWED_EINSUM)
     if counting is None:
         return None, f"failed: the unrolled program ran out of memory ({oom})", seconds
     source = "unrolled compile (no layer scan, no windowed einsums, one micro-batch)"

@@ -57,19 +57,13 @@ def method_config(config: ml_collections.ConfigDict, method: str, mask_rate: flo
     """`config`'s sizes, sequence and batch with `method`'s objective, masking and decoder;
     layers unrolled and no remat, so XLA counts every layer's model FLOPs once."""
     objective, rate, decoder, layers, buckets = METHODS[method]
-    c = config.copy_and_resolve_references()
+    c = aot.counting_config(config)
     c.objective = objective
     c.mask_rate = rate if mask_rate is None else mask_rate
     c.model.decoder = decoder
     c.model.num_decoder_layers = layers or 1  # unused by mlm, but validated
     c.model.relative_attention_buckets = buckets
-    c.model.scan_layers = False
     c.model.remat_policy = "none"
-    # Their loops over query blocks and LM-head slot blocks would be counted once.
-    c.model.attention_query_chunk = 0
-    c.model.lm_head_chunk = 0
-    c.batch_size = config.batch_size // config.grad_accum_steps
-    c.grad_accum_steps = 1
     return c
 
 
