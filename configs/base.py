@@ -88,6 +88,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True
     c.model.remat_policy = "none"  # "none" | "full" | "dots_saveable"
+    # The decoder's own policy. The decoder is shallow, full length and dropped after
+    # pretraining, so "full" (keep only each layer's input) trades a second forward pass of
+    # a few layers for the activations that otherwise limit MAE-LM's and 3ML's batch.
+    c.model.decoder_remat_policy = "none"
     # >0: attention in blocks of this many queries, each recomputed in the backward pass, so
     # no layer holds [batch, heads, T, T] scores (maelm_jax/attention.py). 0: one block.
     c.model.attention_query_chunk = 0
@@ -151,9 +155,10 @@ def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """RoBERTa-large sizes: 24 layers, width 1024, 16 heads, MLP 4096; sizes only, each
     large config sets its own paper's training recipe.
 
-    Rematerialisation keeps matmul outputs and recomputes the rest (attention probabilities
-    above all): on v5p-64 at batch 2048 x 512 MAE-LM-large then needs 22 GiB per chip
-    instead of more than the 96 GiB there is (`python -m maelm_jax.compile`). Attention in
+    Rematerialisation keeps the encoder's matmul outputs and recomputes the rest (attention
+    probabilities above all), and keeps only each decoder layer's input: on v5p-64 at batch
+    2048 x 512 MAE-LM-large then fits in a fraction of a chip instead of more than the 96 GiB
+    there is (`python -m maelm_jax.compile`). Attention in
     blocks of 128 queries and the LM head in blocks of 32 slots keep the [B, N, T, T] scores
     and the [B, k, V] logits from ever existing whole, which is what limits the batch (README,
     "Pod preflight").
@@ -163,6 +168,7 @@ def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.model.num_heads = 16
     c.model.mlp_dim = 4096
     c.model.remat_policy = "dots_saveable"
+    c.model.decoder_remat_policy = "full"
     c.model.attention_query_chunk = 128
     c.model.lm_head_chunk = 32
     return c

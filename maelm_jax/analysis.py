@@ -49,7 +49,9 @@ def define_flags() -> None:
 def unrolled(trained: trained_model.TrainedModel) -> tuple[nn.Module, dict]:
     """(model, params) with the layers unrolled (`layers_i`), so each block's output can be
     captured; scanned parameters are unstacked, the computation is unchanged."""
-    cfg = dataclasses.replace(trained.model_config, scan_layers=False, remat_policy="none")
+    cfg = dataclasses.replace(
+        trained.model_config, scan_layers=False, remat_policy="none", decoder_remat_policy="none"
+    )
     params = dict(trained.params)
     encoder = dict(params["encoder"])
     if trained.model_config.scan_layers:

@@ -65,6 +65,7 @@ class ModelConfig:
     dtype: Any
     scan_layers: bool
     remat_policy: str
+    decoder_remat_policy: str
     attention_query_chunk: int
     lm_head_chunk: int
     layer_norm_epsilon: float
@@ -185,6 +186,7 @@ RULES: dict[str, Rule] = {
     "model.decoder_relative_attention": one_of((False, True)),
     "model.dtype": one_of(tuple(DTYPES)),
     "model.remat_policy": one_of(REMAT_POLICIES),
+    "model.decoder_remat_policy": one_of(REMAT_POLICIES),
     "model.attention_query_chunk": at_least(0),
     "model.lm_head_chunk": at_least(0),
     "model.layer_norm_epsilon": positive_number(),
@@ -305,6 +307,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelCon
         dtype=DTYPES[m.dtype],
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
+        decoder_remat_policy=m.decoder_remat_policy,
         attention_query_chunk=m.attention_query_chunk,
         lm_head_chunk=m.lm_head_chunk,
         layer_norm_epsilon=m.layer_norm_epsilon,

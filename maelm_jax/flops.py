@@ -64,6 +64,7 @@ def method_config(config: ml_collections.ConfigDict, method: str, mask_rate: flo
     c.model.num_decoder_layers = layers or 1  # unused by mlm, but validated
     c.model.relative_attention_buckets = buckets
     c.model.remat_policy = "none"
+    c.model.decoder_remat_policy = "none"
     return c
 
 

@@ -45,6 +45,7 @@ REPRESENTED_FIELDS = {
     "dtype",
     "scan_layers",
     "remat_policy",
+    "decoder_remat_policy",
     "attention_query_chunk",
     "lm_head_chunk",
 }

@@ -112,17 +112,27 @@ class CrossDecoderBlock(nn.Module):
         return ax.constrain(x, ax.HIDDEN), None
 
 
-def apply_layers(block_cls, config: ModelConfig, num_layers: int, name: str, x, *shared, **attrs):
+def apply_layers(
+    block_cls,
+    config: ModelConfig,
+    num_layers: int,
+    name: str,
+    remat_policy: str,
+    x,
+    *shared,
+    **attrs,
+):
     """Runs `num_layers` blocks on the carry `x`; `shared` inputs go unchanged to every layer.
 
     Must be called from a compact method: the blocks become children of the caller. With
     `scan_layers` the parameters are stacked on a leading "layers" axis (one compiled layer,
     compile time independent of depth); otherwise they are `name_0`, `name_1`, ...
+    `remat_policy` is the stack's (the encoder's or the decoder's, see configs/base.py).
     """
-    if config.remat_policy != "none":
+    if remat_policy != "none":
         block_cls = nn.remat(
             block_cls,
-            policy=REMAT_POLICIES[config.remat_policy],
+            policy=REMAT_POLICIES[remat_policy],
             prevent_cse=not config.scan_layers,
         )
     if config.scan_layers:

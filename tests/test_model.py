@@ -272,12 +272,17 @@ def test_scan_over_layers_gives_the_same_loss_and_gradients(decoder):
     assert_trees_close(grads_scan, stack_layers(grads_loop), atol=1e-6, rtol=1e-4)
 
 
-def test_remat_gives_the_same_gradients():
-    model, params, batch = build("mae_lm", "cross")
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_remat_gives_the_same_gradients(decoder):
+    """Each stack's policy (the large configs': dots_saveable encoder, full decoder) replays
+    the same dropout masks and gives the plain step's gradients."""
+    drop = dict(decoder_dropout_rate=0.1, decoder_attention_dropout_rate=0.1)
+    model, params, batch = build("mae_lm", decoder, **drop)
     rng = jax.random.PRNGKey(3)  # dropout on: remat must replay the same dropout masks
     (loss_plain, _), grads_plain = jax.jit(grad_fn(model))(params, batch, rng)
-    for policy in ("full", "dots_saveable"):
-        cfg = frozen(tiny_config("mae_lm", "cross", SEQ, remat_policy=policy))[0]
+    for policy, decoder_policy in (("full", "none"), ("dots_saveable", "full")):
+        policies = dict(drop, remat_policy=policy, decoder_remat_policy=decoder_policy)
+        cfg = frozen(tiny_config("mae_lm", decoder, SEQ, **policies))[0]
         remat_model = MaskedLM(cfg, pad_id=PAD_ID)
         (loss_remat, _), grads = jax.jit(grad_fn(remat_model))(params, batch, rng)
         np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
