@@ -108,47 +108,47 @@ class RelativeBias:
         """[B|1, N, T, S] in `dtype`; gathered in float32 so its gradient sums in float32."""
         last = self.by_offset.shape[0] // 2  # P - 1
         relative = self.key_positions[:, None, :] - self.query_positions[:, :, None] + last
-        return jnp.transpose(lookup_offsets(self.by_offset, relative).astype(dtype), (0, 3, 1, 2))
+        return lookup_offsets(self.by_offset, relative).astype(dtype)
 
 
-# Loop iterations of the table gradient's scatter-add (see `lookup_offsets`).
+# At most this many slices of the keys in the table gradient's scatter-add (`lookup_offsets`).
 _SCATTER_STEPS = 8
 
 
 @jax.custom_vjp
 def lookup_offsets(by_offset, relative):
-    """by_offset [O, N], relative int [B, T, S] -> by_offset[relative], [B, T, S, N].
+    """by_offset [O, N], relative int [B, T, S] -> by_offset[relative] as [B, N, T, S].
 
     The gradient is a scatter-add of [B, T, S, N] updates into the table, with colliding
     indices, which a TPU compiles as a sort whose buffers put the N heads minor, padded to
     128 lanes: for the MAE-LM encoder (a block of 109 queries, 435 keys, 64 rows per chip)
-    several 1.45 GiB temporaries, the step's largest. The backward here scatters the batch
-    in `_SCATTER_STEPS` slices, one at a time, so those buffers shrink by that factor; the
-    slices interleave the rows (row j goes to slice j % steps) so a batch-sharded array
-    splits without moving data.
+    several 1.45 GiB temporaries, the step's largest. The backward here scatters the keys in
+    slices (the largest divisor of S up to `_SCATTER_STEPS`: 5 of 87 for 435 keys), one at a
+    time, so those buffers shrink by that factor. Slicing the keys, not the batch, leaves the
+    batch-sharded axis as it is: a batch slice that does not divide the rows per device
+    would move rows between devices.
     """
-    return by_offset[relative]
+    return jnp.transpose(by_offset[relative], (0, 3, 1, 2))
 
 
 def _lookup_offsets_fwd(by_offset, relative):
-    return by_offset[relative], (relative, jnp.zeros_like(by_offset))
+    return lookup_offsets(by_offset, relative), (relative, jnp.zeros_like(by_offset))
 
 
 def _lookup_offsets_bwd(residuals, g):
     relative, zeros = residuals
-    steps = math.gcd(relative.shape[0], _SCATTER_STEPS)
+    keys = relative.shape[-1]
+    steps = max(d for d in range(1, _SCATTER_STEPS + 1) if keys % d == 0)
+    width = keys // steps
+
+    def add(i, table):
+        rows = jax.lax.dynamic_slice_in_dim(relative, i * width, width, axis=2)
+        updates = jax.lax.dynamic_slice_in_dim(g, i * width, width, axis=3)
+        return table.at[rows].add(jnp.transpose(updates, (0, 2, 3, 1)).astype(table.dtype))
+
     if steps == 1:
-        return zeros.at[relative].add(g.astype(zeros.dtype)), None
-
-    def interleave(x):  # [B, ...] -> [steps, B / steps, ...], row j in slice j % steps
-        return jnp.swapaxes(x.reshape((-1, steps, *x.shape[1:])), 0, 1)
-
-    def add(table, slices):
-        rows, updates = slices
-        return table.at[rows].add(updates.astype(table.dtype)), None
-
-    table, _ = jax.lax.scan(add, zeros, (interleave(relative), interleave(g)))
-    return table, None
+        return add(0, zeros), None
+    return jax.lax.fori_loop(0, steps, add, zeros), None
 
 
 lookup_offsets.defvjp(_lookup_offsets_fwd, _lookup_offsets_bwd)

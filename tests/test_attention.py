@@ -154,24 +154,28 @@ def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path)
     assert "f32[2,3,7,6]" in shapes[0] and "f32[2,3,7,6]" not in shapes[3]
 
 
-@pytest.mark.parametrize("batch", [1, 6, 16])
-def test_offset_lookup_gradient_in_batch_slices_equals_the_scatter(batch):
-    """`lookup_offsets` scatters its gradient in slices of the batch (8 when the batch allows,
-    fewer otherwise); the table gradient equals plain indexing's, colliding offsets summed."""
+@pytest.mark.parametrize("keys,slices", [(1, 1), (10, 5), (16, 8), (29, 1)])
+def test_offset_lookup_gradient_in_key_slices_equals_the_scatter(keys, slices):
+    """`lookup_offsets` scatters its gradient in slices of the keys (the largest divisor of
+    S up to 8); the table gradient equals plain indexing's, colliding offsets summed."""
     from maelm_jax.attention import lookup_offsets
 
-    keys = jax.random.split(jax.random.PRNGKey(batch), 3)
-    table = jax.random.normal(keys[0], (2 * 16 - 1, 3))
-    relative = jax.random.randint(keys[1], (batch, 5, 7), 0, 2 * 16 - 1)
-    weights = jax.random.normal(keys[2], (batch, 5, 7, 3))
+    rngs = jax.random.split(jax.random.PRNGKey(keys), 3)
+    table = jax.random.normal(rngs[0], (2 * 16 - 1, 3))
+    relative = jax.random.randint(rngs[1], (4, 5, keys), 0, 2 * 16 - 1)
+    weights = jax.random.normal(rngs[2], (4, 3, 5, keys))
 
-    def grads(lookup):
-        return jax.jit(jax.grad(lambda t: jnp.sum(lookup(t, relative) * weights)))(table)
+    def plain(t, r):
+        return jnp.transpose(t[r], (0, 3, 1, 2))
 
-    np.testing.assert_array_equal(lookup_offsets(table, relative), table[relative])
-    sliced, plain = grads(lookup_offsets), grads(lambda t, r: t[r])
-    np.testing.assert_allclose(sliced, plain, rtol=1e-5, atol=1e-5)
-    assert np.count_nonzero(np.asarray(plain)) > table.size // 2
-    # Sliced: a loop of `min(batch, 8)`-divisor steps in the backward, not one scatter.
-    hlo = jax.jit(jax.grad(lambda t: jnp.sum(lookup_offsets(t, relative) * weights)))
-    assert ("while" in hlo.lower(table).as_text()) == (batch > 1)
+    def grad(lookup):
+        return jax.jit(jax.grad(lambda t: jnp.sum(lookup(t, relative) * weights)))
+
+    np.testing.assert_array_equal(lookup_offsets(table, relative), plain(table, relative))
+    sliced, whole = grad(lookup_offsets)(table), grad(plain)(table)
+    np.testing.assert_allclose(sliced, whole, rtol=1e-5, atol=1e-5)
+    assert np.count_nonzero(np.asarray(whole)) > table.size // 3
+    hlo = grad(lookup_offsets).lower(table).as_text()
+    assert ("stablehlo.while" in hlo) == (slices > 1)
+    if slices > 1:  # each scatter adds one slice of the keys
+        assert f"tensor<4x5x{keys // slices}x1xi32>" in hlo
