@@ -128,7 +128,9 @@ def lookup_offsets(by_offset, relative):
     batch-sharded axis as it is: a batch slice that does not divide the rows per device
     would move rows between devices.
     """
-    return jnp.transpose(by_offset[relative], (0, 3, 1, 2))
+    # One gather per head: a single gather of [N]-wide rows puts the heads minor, padded to
+    # 128 lanes (0.47 GiB more per chip for MAE-LM large at 64 sequences per chip, v5p-8).
+    return jnp.stack([by_offset[:, n][relative] for n in range(by_offset.shape[1])], axis=1)
 
 
 def _lookup_offsets_fwd(by_offset, relative):
