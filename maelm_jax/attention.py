@@ -134,11 +134,12 @@ def lookup_offsets(by_offset, relative):
 
 
 def _lookup_offsets_fwd(by_offset, relative):
-    return lookup_offsets(by_offset, relative), (relative, jnp.zeros_like(by_offset))
+    return lookup_offsets(by_offset, relative), (relative, by_offset)
 
 
 def _lookup_offsets_bwd(residuals, g):
-    relative, zeros = residuals
+    relative, by_offset = residuals  # the table only for its shape: the lookup is linear in it
+    zeros = jnp.zeros_like(by_offset)
     keys = relative.shape[-1]
     steps = max(d for d in range(1, _SCATTER_STEPS + 1) if keys % d == 0)
     width = keys // steps
