@@ -288,6 +288,21 @@ def test_remat_gives_the_same_gradients(decoder):
         np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
         assert_trees_close(grads, grads_plain, atol=1e-6, rtol=1e-4)
 
+    def remat_stacks(decoder_policy):  # rematerialised layer stacks in the step's program
+        cfg = frozen(
+            tiny_config(
+                "mae_lm",
+                decoder,
+                SEQ,
+                remat_policy="dots_saveable",
+                decoder_remat_policy=decoder_policy,
+            )
+        )[0]
+        step = grad_fn(MaskedLM(cfg, pad_id=PAD_ID))
+        return str(jax.make_jaxpr(step)(params, batch, rng)).count("remat")
+
+    assert remat_stacks("full") == remat_stacks("none") + 1  # the decoder's policy is used
+
 
 @pytest.mark.parametrize(
     "objective,decoder", [("mlm", "self"), ("mae_lm", "self"), ("mae_lm", "cross")]
