@@ -87,7 +87,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.decoder_relative_attention = False
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True
-    c.model.remat_policy = "none"  # "none" | "full" | "dots_saveable"
+    # "none" | "full" | "dots_saveable" (keep every weight matmul's output) | "dots_but_query"
+    # (the same but the query projection, recomputed: maelm_jax/remat.py)
+    c.model.remat_policy = "none"
     # The decoder's own policy. The decoder is shallow, full length and dropped after
     # pretraining, so "full" (keep only each layer's input) trades a second forward pass of
     # a few layers for the activations that otherwise limit MAE-LM's and 3ML's batch.

@@ -81,7 +81,8 @@ def layer_outputs_fn(model: nn.Module, num_layers: int):
         )
         enc = state["intermediates"]["encoder"]
         outs = [enc["embed_norm"]["__call__"][0]]
-        outs += [enc[f"layers_{i}"]["__call__"][0][0] for i in range(num_layers)]
+        blocks = [enc[f"layers_{i}"]["__call__"][0][0] for i in range(num_layers)]
+        outs += [b.reshape(outs[0].shape) for b in blocks]  # [B * T, E] where T would pad
         return jax.numpy.stack(outs)
 
     return jax.jit(run)

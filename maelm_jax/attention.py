@@ -35,6 +35,7 @@ import numpy as np
 
 from maelm_jax import logical_axes as ax
 from maelm_jax.configuration import ModelConfig
+from maelm_jax.remat import saved
 
 
 class MultiHeadAttention(nn.Module):
@@ -70,10 +71,10 @@ class MultiHeadAttention(nn.Module):
         dense [B|1, N, T, S] array, or None."""
         cfg = self.config
 
-        def project(name, inputs):
+        def project(name, inputs):  # named for the remat policies (remat.py)
             kernel, b = self._weights(name, ("heads", "kv"))
             y = jnp.einsum("bse,enh->bsnh", inputs.astype(cfg.dtype), kernel) + b
-            return ax.constrain(y, ax.HEADS)
+            return saved(ax.constrain(y, ax.HEADS), name)
 
         q, k, v = project("query", x), project("key", context), project("value", context)
         dropout_rng = None
@@ -82,7 +83,8 @@ class MultiHeadAttention(nn.Module):
         chunk = cfg.attention_query_chunk
         out = attend(q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk)
         kernel, b = self._weights("out", ("embed",))
-        return jnp.einsum("bsnh,enh->bse", ax.constrain(out, ax.HEADS), kernel) + b
+        y = jnp.einsum("bsnh,enh->bse", ax.constrain(out, ax.HEADS), kernel) + b
+        return saved(y, "attention_out")
 
 
 def segment_mask(query_segments, key_segments):

@@ -18,7 +18,7 @@ from maelm_jax import paths
 
 OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
-REMAT_POLICIES = ("none", "full", "dots_saveable")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_but_query")
 NONFINITE_POLICIES = ("stop", "skip")
 PACKINGS = ("segmented", "concatenated")  # see segments.py
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model.py

@@ -5,17 +5,13 @@ HuggingFace's `RobertaLayer`, so a trained encoder exports without approximation
 """
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from maelm_jax import logical_axes as ax
 from maelm_jax.attention import MultiHeadAttention
 from maelm_jax.configuration import ModelConfig
-
-REMAT_POLICIES = {
-    "full": None,  # save nothing, recompute the whole block
-    "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+from maelm_jax.remat import POLICIES, saved, token_major
 
 
 def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
@@ -46,21 +42,24 @@ class Mlp(nn.Module):
             name="wi",
             **dense,
         )(x)
-        h = ax.constrain(nn.gelu(h, approximate=False), ax.MLP)
-        return nn.Dense(
+        # [B, T, M] even where the other saved values are token-major (remat.py).
+        h = ax.constrain(nn.gelu(checkpoint_name(h, "mlp_hidden"), approximate=False), ax.MLP)
+        out = nn.Dense(
             cfg.hidden_size,
             kernel_init=ax.param(init, ("mlp", "embed")),
             bias_init=ax.param(nn.initializers.zeros, ("embed",)),
             name="wo",
             **dense,
         )(h)
+        return saved(out, "mlp_out")
 
 
 class EncoderBlock(nn.Module):
     """Self-attention + MLP, each followed by dropout, residual and LayerNorm (post-LN).
 
     Also the MAE-LM / 3ML-self decoder block (with the decoder's dropout rates).
-    Returns (x, None) so the same block serves `nn.scan` and a plain loop.
+    Returns the carry in the shape it came in ([B, T, E] or tokens [B * T, E], see
+    `apply_layers`) and None, so the same block serves `nn.scan` and a plain loop.
     """
 
     config: ModelConfig
@@ -70,16 +69,18 @@ class EncoderBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x, segment_ids, bias):
-        """x: [B, T, E]; segment_ids: int [B, T] (see attention.py); bias: [B, N, T, T] or None."""
+        """x: [B, T, E] or tokens [B * T, E]; segment_ids: int [B, T] (see attention.py); bias:
+        [B, N, T, T] or None."""
         drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
-        x = ax.constrain(x, ax.HIDDEN)
+        flat = x.ndim == 2
+        x = ax.constrain(x.reshape(*segment_ids.shape, -1), ax.HIDDEN)
         h = MultiHeadAttention(self.config, self.attention_dropout_rate, name="attention")(
             x, x, (segment_ids, segment_ids), bias, self.deterministic
         )
         x = layer_norm(self.config, "attention_norm")(x + drop(h))
         h = Mlp(self.config, name="mlp")(x)
         x = layer_norm(self.config, "mlp_norm")(x + drop(h))
-        return ax.constrain(x, ax.HIDDEN), None
+        return _carry(x, flat), None
 
 
 class CrossDecoderBlock(nn.Module):
@@ -93,11 +94,13 @@ class CrossDecoderBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x, query_segments, context, context_segments, self_bias, cross_bias):
-        """x [B, k, E], query_segments [B, k], context [B, S, E], context_segments [B, S]: a
-        query sees the other queries and the encoder outputs of its own segment only;
-        self_bias [B, N, k, k] and cross_bias [B, N, k, S] are relative biases or None."""
+        """x [B, k, E] or [B * k, E] (as in `EncoderBlock`), query_segments [B, k], context
+        [B, S, E], context_segments [B, S]: a query sees the other queries and the encoder
+        outputs of its own segment only; self_bias [B, N, k, k] and cross_bias [B, N, k, S]
+        are relative biases or None."""
         drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
-        x = ax.constrain(x, ax.HIDDEN)
+        flat = x.ndim == 2
+        x = ax.constrain(x.reshape(*query_segments.shape, -1), ax.HIDDEN)
         rate, det = self.attention_dropout_rate, self.deterministic
         h = MultiHeadAttention(self.config, rate, name="self_attention")(
             x, x, (query_segments, query_segments), self_bias, det
@@ -109,7 +112,13 @@ class CrossDecoderBlock(nn.Module):
         x = layer_norm(self.config, "cross_attention_norm")(x + drop(h))
         h = Mlp(self.config, name="mlp")(x)
         x = layer_norm(self.config, "mlp_norm")(x + drop(h))
-        return ax.constrain(x, ax.HIDDEN), None
+        return _carry(x, flat), None
+
+
+def _carry(x, flat: bool):
+    """[B, T, E] -> the carry between blocks: [B * T, E] if `flat`, else as is."""
+    x = ax.constrain(x, ax.HIDDEN)
+    return x.reshape(-1, x.shape[-1]) if flat else x
 
 
 def apply_layers(
@@ -128,11 +137,16 @@ def apply_layers(
     `scan_layers` the parameters are stacked on a leading "layers" axis (one compiled layer,
     compile time independent of depth); otherwise they are `name_0`, `name_1`, ...
     `remat_policy` is the stack's (the encoder's or the decoder's, see configs/base.py).
+
+    The stack keeps every block's input for the backward pass; where T would pad on a TPU
+    the carry between blocks is tokens [B * T, E] (remat.py).
     """
+    shape = x.shape
+    x = _carry(x, token_major(x))
     if remat_policy != "none":
         block_cls = nn.remat(
             block_cls,
-            policy=REMAT_POLICIES[remat_policy],
+            policy=POLICIES[remat_policy],
             prevent_cse=not config.scan_layers,
         )
     if config.scan_layers:
@@ -145,7 +159,7 @@ def apply_layers(
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         x, _ = stack(config, name=name, **attrs)(x, *shared)
-        return x
+        return x.reshape(shape)
     for i in range(num_layers):
         x, _ = block_cls(config, name=f"{name}_{i}", **attrs)(x, *shared)
-    return x
+    return x.reshape(shape)

@@ -1,5 +1,9 @@
 """The models' semantics: what the encoder sees, what the decoders get, shapes and sizes."""
 
+import collections
+import contextlib
+import io
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -280,7 +284,8 @@ def test_remat_gives_the_same_gradients(decoder):
     model, params, batch = build("mae_lm", decoder, **drop)
     rng = jax.random.PRNGKey(3)  # dropout on: remat must replay the same dropout masks
     (loss_plain, _), grads_plain = jax.jit(grad_fn(model))(params, batch, rng)
-    for policy, decoder_policy in (("full", "none"), ("dots_saveable", "full")):
+    pairs = (("full", "none"), ("dots_saveable", "full"), ("dots_but_query", "full"))
+    for policy, decoder_policy in pairs:
         policies = dict(drop, remat_policy=policy, decoder_remat_policy=decoder_policy)
         cfg = frozen(tiny_config("mae_lm", decoder, SEQ, **policies))[0]
         remat_model = MaskedLM(cfg, pad_id=PAD_ID)
@@ -302,6 +307,48 @@ def test_remat_gives_the_same_gradients(decoder):
         return str(jax.make_jaxpr(step)(params, batch, rng)).count("remat")
 
     assert remat_stacks("full") == remat_stacks("none") + 1  # the decoder's policy is used
+
+
+def _saved_layer_stacks(policy: str, params, batch) -> collections.Counter:
+    """Shapes of the per-layer values the encoder's scan keeps for the backward pass."""
+    cfg = frozen(tiny_config("mae_lm", "self", SEQ, remat_policy=policy))[0]
+    model = MaskedLM(cfg, pad_id=PAD_ID)
+
+    def loss_fn(params):
+        ids, masked, visible = batch.input_ids, batch.masked_idx, batch.visible_idx
+        segments = batch.segment_ids
+        rngs = {"dropout": jax.random.PRNGKey(3)}
+        logits = model.apply({"params": params}, ids, masked, visible, False, segments, rngs=rngs)
+        return loss.mean_loss(loss.masked_lm_sums(logits, batch.labels, batch.mask_weights))
+
+    listing = io.StringIO()
+    with contextlib.redirect_stdout(listing):
+        jax.ad_checkpoint.print_saved_residuals(loss_fn, params)
+    shapes = [
+        line.split()[0] for line in listing.getvalue().splitlines() if "output of scan" in line
+    ]
+    return collections.Counter(s for s in shapes if s.startswith(f"f32[{cfg.num_layers},"))
+
+
+def test_stacks_save_token_major_values_and_dots_but_query_one_less():
+    """With T not a multiple of 128 the encoder's scan keeps its per-layer values token-major,
+    [layers, B * T, F] (so a TPU pads B * T, not T: remat.py), but the MLP's hidden layer;
+    dots_but_query keeps dots_saveable's but one [B * T, E] (the query projection, by name),
+    which the backward recomputes."""
+    model, params, batch = build("mae_lm", "self")
+    cfg = model.config
+    rows, kept = batch.visible_idx.shape
+    tokens = f"f32[{cfg.num_layers},{rows * kept},"
+    all_dots = _saved_layer_stacks("dots_saveable", params, batch)
+    but_query = _saved_layer_stacks("dots_but_query", params, batch)
+    hidden = f"{tokens}{cfg.hidden_size}]"  # also the [N * H] projections: N * H = E here
+    # Query, key, value, attention output, MLP output, and each block's input.
+    assert all_dots[hidden] == 6
+    mlp = f"f32[{cfg.num_layers},{rows},{kept},{cfg.mlp_dim}]"  # stays [B, T, M] (remat.py)
+    assert all_dots[mlp] == 1
+    assert sum(all_dots.values()) == 7
+    assert all_dots - but_query == collections.Counter({hidden: 1})
+    assert not but_query - all_dots
 
 
 @pytest.mark.parametrize(
