@@ -12,7 +12,8 @@ layers (transformer.apply_layers): B * T = 139200 pads by 64. Where T is a multi
 (MLM's 512, 3ML's 256) nothing pads and the reshapes only cost copies (mlm_large at batch
 10528 no longer fit), so arrays stay [B, T, ...]. The MLP's hidden layer stays [B, T, M]
 in every case: flattened, its float32 GELU derivative was materialised, 2 GiB per chip at
-256 rows, instead of fused.
+256 rows, instead of fused. With this, mae_lm_large's largest v5p-64 batch went from 10208
+to 11008 (mlm_large: 10528).
 """
 
 import jax
