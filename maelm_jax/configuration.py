@@ -14,11 +14,11 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import paths
+from maelm_jax import paths, remat
 
 OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_but_query")
+REMAT_POLICIES = ("none", *remat.POLICIES)
 NONFINITE_POLICIES = ("stop", "skip")
 PACKINGS = ("segmented", "concatenated")  # see segments.py
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model.py

@@ -166,7 +166,9 @@ def test_cross_decoder_queries_are_mask_embedding_at_masked_positions(source):
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
-def grad_fn(model, deterministic=False):
+def loss_fn_of(model, deterministic=False):
+    """(params, batch, rng) -> (mean loss, logits' shape)."""
+
     def loss_fn(params, batch, rng):
         logits = model.apply(
             {"params": params},
@@ -180,7 +182,11 @@ def grad_fn(model, deterministic=False):
         sums = loss.masked_lm_sums(logits, batch.labels, batch.mask_weights)
         return loss.mean_loss(sums), logits.shape
 
-    return jax.value_and_grad(loss_fn, has_aux=True)
+    return loss_fn
+
+
+def grad_fn(model, deterministic=False):
+    return jax.value_and_grad(loss_fn_of(model, deterministic), has_aux=True)
 
 
 @pytest.mark.parametrize(
@@ -312,18 +318,12 @@ def test_remat_gives_the_same_gradients(decoder):
 def _saved_layer_stacks(policy: str, params, batch) -> collections.Counter:
     """Shapes of the per-layer values the encoder's scan keeps for the backward pass."""
     cfg = frozen(tiny_config("mae_lm", "self", SEQ, remat_policy=policy))[0]
-    model = MaskedLM(cfg, pad_id=PAD_ID)
-
-    def loss_fn(params):
-        ids, masked, visible = batch.input_ids, batch.masked_idx, batch.visible_idx
-        segments = batch.segment_ids
-        rngs = {"dropout": jax.random.PRNGKey(3)}
-        logits = model.apply({"params": params}, ids, masked, visible, False, segments, rngs=rngs)
-        return loss.mean_loss(loss.masked_lm_sums(logits, batch.labels, batch.mask_weights))
-
+    loss_fn = loss_fn_of(MaskedLM(cfg, pad_id=PAD_ID))
     listing = io.StringIO()
     with contextlib.redirect_stdout(listing):
-        jax.ad_checkpoint.print_saved_residuals(loss_fn, params)
+        jax.ad_checkpoint.print_saved_residuals(
+            lambda p: loss_fn(p, batch, jax.random.PRNGKey(3))[0], params
+        )
     shapes = [
         line.split()[0] for line in listing.getvalue().splitlines() if "output of scan" in line
     ]
