@@ -1,5 +1,6 @@
 """`python -m maelm_jax.compile --config=configs/<name>.py --topology=v5p-64 [--num_slices=N]
-[--json] [--flops=analytic|unrolled|skip] [--hbm_bytes=B] [--max_batch] [--config.key=value]`.
+[--json] [--flops=analytic|unrolled|skip] [--effort=fast|full] [--hbm_bytes=B] [--max_batch]
+[--config.key=value]`.
 
 Compiles the real train step for a TPU slice on a CPU-only machine (libtpu's compile-only
 devices), through the same `sharding.create_mesh` and `programs.build` that training uses,
@@ -10,6 +11,16 @@ Memory is per chip, as XLA assigned it: arguments + outputs - aliased (the donat
 written in place) + temporaries + the program itself; the compiler's own verdict decides
 `fits` (it refuses to compile a step that does not fit), and the total is also compared
 with the chip's usable HBM (the compiler's number, a little under the published one).
+
+Effort: by default (`--effort=fast`) the compile asks libtpu for less work on the program's
+speed (XLA's `exec_time_optimization_effort=-1`; memory fitting as usual): mae_lm_large on
+v5p-64 compiles in about 105 s instead of 152 to 174 s on a 2-core CPU. Its memory is not
+quite the training compile's: a full compile's scheduler spends spare HBM (on overlap), so
+its total is higher, by 0.4% to 6.4% in the large configs measured (README, "Pod
+preflight"). Where the verdict could turn on that, a fast total at `CONFIRM_SHARE` of HBM or
+more, or an out-of-memory, the step is compiled again at full effort and that compile's
+numbers are reported. `--effort=full` always compiles as training does; `--max_batch`
+probes at full effort (its edge is exactly where the two differ).
 
 FLOPs: one compile is the whole preflight. By default (`--flops=analytic`) FLOPs per step
 are `flop_count`'s model FLOPs (matmuls, forward + backward, optimizer; checked against
@@ -50,6 +61,11 @@ from maelm_jax.configuration import ConfigError
 EXIT_DOES_NOT_FIT = 1
 EXIT_ERROR = 2
 FLOPS_MODES = ("analytic", "unrolled", "skip")
+EFFORTS = ("fast", "full")
+FAST = {"exec_time_optimization_effort": -1.0}  # XLA's range is [-1, 1]; 0 is training's
+# A fast total at this share of HBM or more is confirmed by a full compile: more than twice
+# the largest gap measured between the two (6.4%, three_ml_self_large at its largest batch).
+CONFIRM_SHARE = 0.85
 # The counting program's matmuls stay whole; the arithmetic is the same either way.
 NO_WINDOWED_EINSUM = {
     "xla_tpu_enable_windowed_einsum_for_all_gather": False,
@@ -141,7 +157,9 @@ class Report:
     memory: Memory | None  # None when the compiler ran out of memory
     memory_per_chip_bytes: int | None  # memory.total, or what the compiler said it needed
     hbm_per_chip_bytes: int  # usable HBM the total is judged against
-    compile_seconds: float
+    compile_seconds: float  # every compile of the step, a confirming one included
+    effort: str  # the compile whose numbers these are ("fast" or "full"; `EFFORTS`)
+    fast_memory_per_chip_bytes: int | None  # a fast compile's total that a full one replaced
     oom_message: str | None
     flops_per_device: float | None
     flops_per_step: float | None  # all devices together
@@ -371,24 +389,34 @@ def analyze(
     flops: str = "analytic",
     hbm_bytes: int | None = None,
     find_max_batch: bool = False,
+    effort: str = "fast",
 ) -> Report:
     """Compiles `config`'s train step for `num_slices` x `topology` (e.g. "v5p-64").
 
     `hbm_bytes` replaces the chip's usable HBM in the `fits` verdict (to demand headroom);
-    `find_max_batch` adds the largest global batch that fits (more compiles).
+    `find_max_batch` adds the largest global batch that fits (more compiles); `effort`: see
+    the module doc.
     """
     if flops not in FLOPS_MODES:
         raise ConfigError(f"flops={flops!r} is not allowed; use one of {FLOPS_MODES}")
+    if effort not in EFFORTS:
+        raise ConfigError(f"effort={effort!r} is not allowed; use one of {EFFORTS}")
     slice_ = tpu_chips.parse(topology)
     devices = topology_devices(slice_, num_slices)
-    compiled, oom, mesh, seconds = compile_step(config, devices)
-    memory = None if compiled is None else Memory.of(compiled)
     hbm = hbm_bytes or slice_.chip.usable_hbm_bytes
+    compiled, oom, mesh, seconds = compile_step(config, devices, FAST if effort == "fast" else None)
+    fast_total = None
+    if effort == "fast" and (compiled is None or Memory.of(compiled).total >= CONFIRM_SHARE * hbm):
+        fast_total = Memory.of(compiled).total if compiled else required_bytes(oom)
+        compiled, oom, mesh, more = compile_step(config, devices)
+        seconds, effort = seconds + more, "full"
+    memory = None if compiled is None else Memory.of(compiled)
     needed = memory.total if memory else required_bytes(oom)
     fits = compiled is not None and memory.total <= hbm
 
     per_device, source, flops_seconds = _count_flops(config, devices, compiled, flops)
-    known = (config.batch_size, fits, needed, memory is not None)
+    # A fast compile is no probe for the edge: the probes are full compiles.
+    known = (config.batch_size, fits, needed, memory is not None) if effort == "full" else None
     return Report(
         topology=topology,
         libtpu_topology=slice_.libtpu_name,
@@ -403,6 +431,8 @@ def analyze(
         memory_per_chip_bytes=needed,
         hbm_per_chip_bytes=hbm,
         compile_seconds=seconds,
+        effort=effort,
+        fast_memory_per_chip_bytes=fast_total,
         oom_message=oom,
         flops_per_device=per_device,
         flops_per_step=None if per_device is None else per_device * len(devices),
@@ -430,9 +460,17 @@ def _needed(r: Report) -> str:
 def format_report(r: Report) -> str:
     mesh = " ".join(f"{k}={v}" for k, v in r.mesh_shape.items())
     slices = f"{r.num_slices} slices x " if r.num_slices > 1 else ""
+    if r.fast_memory_per_chip_bytes is not None:
+        share = r.fast_memory_per_chip_bytes / r.hbm_per_chip_bytes
+        effort = f"fast, then full: the fast compile needed {share:.1%} of HBM"
+    elif r.effort == "fast":
+        effort = "fast; training's full-effort compile needs a few % more: --effort=full"
+    else:
+        effort = "full, as training's"
     lines = [
         f"{slices}{r.topology} ({r.libtpu_topology}): {r.num_devices} {r.chip} chips, mesh {mesh}",
-        f"batch {r.batch_size} x {r.seq_len} tokens; compiled in {r.compile_seconds:.1f} s",
+        f"batch {r.batch_size} x {r.seq_len} tokens; compiled in {r.compile_seconds:.1f} s"
+        f" ({effort})",
         "memory per chip:",
     ]
     if r.memory:
@@ -485,6 +523,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("num_slices", 1, "Slices joined over DCN (config.mesh.dcn).")
     flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
     flags.DEFINE_enum("flops", "analytic", FLOPS_MODES, "How to count FLOPs; see the module doc.")
+    flags.DEFINE_enum("effort", "fast", EFFORTS, "Compile effort; see the module doc.")
     flags.DEFINE_integer("hbm_bytes", 0, "Judge `fits` against this per chip; 0: the chip's HBM.")
     flags.DEFINE_boolean("max_batch", False, "Also find the largest batch that fits (compiles).")
     flags.mark_flags_as_required(["config"])
@@ -502,6 +541,7 @@ def main(argv):
             FLAGS.flops,
             FLAGS.hbm_bytes or None,
             FLAGS.max_batch,
+            FLAGS.effort,
         )
     except (ConfigError, LibtpuMissingError) as e:
         print(f"maelm_jax.compile: error: {e}", file=sys.stderr)

@@ -160,7 +160,7 @@ def test_two_slices_build_a_hybrid_mesh():
 def test_max_batch_fits_and_its_double_does_not():
     config = tiny_config(**MODEL)
     devices = aot.topology_devices(tpu_chips.parse("v5p-8"))
-    first = aot.analyze(config, "v5p-8", flops="skip")
+    first = aot.analyze(config, "v5p-8", flops="skip", effort="full")  # the probes' kind
     hbm = int(first.memory.total * 1.05)  # a bound that bites within a few batch units
     found = aot.max_batch(config, devices, hbm, (config.batch_size, True, first.memory.total, True))
     assert found.unit == 4 and found.batch_size % found.unit == 0  # fsdp=4 shards the batch
@@ -171,6 +171,21 @@ def test_max_batch_fits_and_its_double_does_not():
     assert not aot.analyze(config, "v5p-8", flops="skip", hbm_bytes=hbm).fits
     # The line through two probes predicts the edge: a few compiles, not a bisection's ten.
     assert len(found.probes) <= 4, found.probes
+
+
+@needs_libtpu
+def test_a_fast_compile_near_the_limit_is_redone_at_full_effort():
+    config = tiny_config()
+    fast = aot.analyze(config, "v5p-8", flops="skip")
+    assert (fast.effort, fast.fast_memory_per_chip_bytes) == ("fast", None)
+    assert fast.memory.total < aot.CONFIRM_SHARE * fast.hbm_per_chip_bytes
+    # HBM such that the fast total is 90% of it: the verdict must come from a full compile.
+    near = aot.analyze(config, "v5p-8", flops="skip", hbm_bytes=int(fast.memory.total / 0.9))
+    assert (near.effort, near.fast_memory_per_chip_bytes) == ("full", fast.memory.total)
+    assert near.memory_per_chip_bytes == near.memory.total and near.compile_seconds > 0
+    assert "fast, then full" in aot.format_report(near)
+    with pytest.raises(ConfigError, match="effort='quick' is not allowed"):
+        aot.analyze(config, "v5p-8", effort="quick")
 
 
 HLO = """
