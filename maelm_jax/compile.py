@@ -460,12 +460,12 @@ def _needed(r: Report) -> str:
 def format_report(r: Report) -> str:
     mesh = " ".join(f"{k}={v}" for k, v in r.mesh_shape.items())
     slices = f"{r.num_slices} slices x " if r.num_slices > 1 else ""
-    if r.fast_memory_per_chip_bytes is not None:
+    if r.effort == "fast":
+        effort = "fast; training's full-effort compile needs a few % more: --effort=full"
+    elif r.fast_memory_per_chip_bytes is not None:
         share = r.fast_memory_per_chip_bytes / r.hbm_per_chip_bytes
         effort = f"fast, then full: the fast compile needed {share:.1%} of HBM"
-    elif r.effort == "fast":
-        effort = "fast; training's full-effort compile needs a few % more: --effort=full"
-    else:
+    else:  # asked for, or after a fast compile that ran out of memory
         effort = "full, as training's"
     lines = [
         f"{slices}{r.topology} ({r.libtpu_topology}): {r.num_devices} {r.chip} chips, mesh {mesh}",
