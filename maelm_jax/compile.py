@@ -405,13 +405,15 @@ def analyze(
     devices = topology_devices(slice_, num_slices)
     hbm = hbm_bytes or slice_.chip.usable_hbm_bytes
     compiled, oom, mesh, seconds = compile_step(config, devices, FAST if effort == "fast" else None)
-    fast_total = None
-    if effort == "fast" and (compiled is None or Memory.of(compiled).total >= CONFIRM_SHARE * hbm):
-        fast_total = Memory.of(compiled).total if compiled else required_bytes(oom)
-        compiled, oom, mesh, more = compile_step(config, devices)
-        seconds, effort = seconds + more, "full"
     memory = None if compiled is None else Memory.of(compiled)
     needed = memory.total if memory else required_bytes(oom)
+    fast_total = None
+    if effort == "fast" and (memory is None or memory.total >= CONFIRM_SHARE * hbm):
+        fast_total = needed
+        compiled, oom, mesh, more = compile_step(config, devices)
+        seconds, effort = seconds + more, "full"
+        memory = None if compiled is None else Memory.of(compiled)
+        needed = memory.total if memory else required_bytes(oom)
     fits = compiled is not None and memory.total <= hbm
 
     per_device, source, flops_seconds = _count_flops(config, devices, compiled, flops)
