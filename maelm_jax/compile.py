@@ -238,6 +238,15 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, options: dict
     return compiled, None, mesh, time.perf_counter() - start
 
 
+def memory_of(compiled, oom: str | None) -> tuple[Memory | None, int | None]:
+    """(the compiled step's memory, its per-chip total); after an OOM, (None, the compiler's
+    lower bound on the total)."""
+    if compiled is None:
+        return None, required_bytes(oom)
+    memory = Memory.of(compiled)
+    return memory, memory.total
+
+
 def matmul_loops(hlo: str) -> int:
     """While loops whose body reaches a dot or convolution (through the computations it
     calls): the ones whose single counting matters. XLA also emits loops that only move
@@ -340,7 +349,7 @@ def max_batch(config, devices: list, hbm: int, known: tuple | None = None) -> Ma
             c = config.copy_and_resolve_references()
             c.batch_size = units * unit
             compiled, oom, _, _ = compile_step(c, devices)
-            needed = Memory.of(compiled).total if compiled else required_bytes(oom)
+            _, needed = memory_of(compiled, oom)
             probes[units] = (c.batch_size, compiled is not None and needed <= hbm, needed)
             if compiled is not None:
                 exact.add(units)
@@ -405,15 +414,13 @@ def analyze(
     devices = topology_devices(slice_, num_slices)
     hbm = hbm_bytes or slice_.chip.usable_hbm_bytes
     compiled, oom, mesh, seconds = compile_step(config, devices, FAST if effort == "fast" else None)
-    memory = None if compiled is None else Memory.of(compiled)
-    needed = memory.total if memory else required_bytes(oom)
+    memory, needed = memory_of(compiled, oom)
     fast_total = None
     if effort == "fast" and (memory is None or memory.total >= CONFIRM_SHARE * hbm):
         fast_total = needed
         compiled, oom, mesh, more = compile_step(config, devices)
         seconds, effort = seconds + more, "full"
-        memory = None if compiled is None else Memory.of(compiled)
-        needed = memory.total if memory else required_bytes(oom)
+        memory, needed = memory_of(compiled, oom)
     fits = compiled is not None and memory.total <= hbm
 
     per_device, source, flops_seconds = _count_flops(config, devices, compiled, flops)
