@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.seq_len = 512
     # "segmented": a token attends only within its own document of the packed block (the
     # official complete_doc blocks never mix documents; ours pack them end to end and
-    # isolate them by segment ids, see maelm_jax/segments.py). "concatenated": the whole
+    # isolate them by segment ids, see maelm_jax/model/segments.py). "concatenated": the whole
     # block attends to itself (RoBERTa FULL-SENTENCES), kept for comparison.
     c.packing = "segmented"
     c.batch_size = 2048  # global, across all processes
@@ -88,24 +88,25 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True
     # "none" | "full" | "dots_saveable" (keep every weight matmul's output) | "dots_but_query"
-    # (the same but the query projection, recomputed: maelm_jax/remat.py)
+    # (the same but the query projection, recomputed: maelm_jax/model/remat.py)
     c.model.remat_policy = "none"
     # The decoder's own policy. The decoder is shallow, full length and dropped after
     # pretraining, so "full" (keep only each layer's input) trades a second forward pass of
     # a few layers for the activations that otherwise limit MAE-LM's and 3ML's batch.
     c.model.decoder_remat_policy = "none"
     # >0: attention in blocks of this many queries, each recomputed in the backward pass, so
-    # no layer holds [batch, heads, T, T] scores (maelm_jax/attention.py). 0: one block.
+    # no layer holds [batch, heads, T, T] scores (maelm_jax/model/attention.py). 0: one block.
     c.model.attention_query_chunk = 0
     # >0: the training loss runs the LM head on blocks of this many masked slots, each
-    # recomputed in the backward pass, so no [batch, k, vocab] logits exist (maelm_jax/loss.py).
+    # recomputed in the backward pass, so no [batch, k, vocab] logits exist
+    # (maelm_jax/model/loss.py).
     c.model.lm_head_chunk = 0
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
 
     # Optimizer: AdamW with linear warmup and linear decay to zero; weight decay skips biases
-    # and LayerNorm (fairseq decays everything, see maelm_jax/optimizer.py). max_grad_norm 0
-    # turns clipping off.
+    # and LayerNorm (fairseq decays everything, see maelm_jax/training/optimizer.py).
+    # max_grad_norm 0 turns clipping off.
     c.learning_rate = 2e-4
     c.warmup_steps = 10_000
     c.weight_decay = 0.01
@@ -139,7 +140,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.nonfinite = "stop"  # "stop" | "skip"
     c.profile_num_steps = 0  # >0: capture an XProf trace of this many steps (process 0)
     c.profile_start_step = 10  # the window's first step; after the first step (the compile)
-    # MFU's denominator per device; 0: look the device up (maelm_jax/accelerators.py; CPUs
+    # MFU's denominator per device; 0: look the device up (maelm_jax/hardware/accelerators.py; CPUs
     # are not there, so a CPU run logs no MFU unless this is set).
     c.peak_flops_per_device = 0.0
     c.inject_nan_at_step = -1  # fault injection for tests: this step's loss becomes NaN

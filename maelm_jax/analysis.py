@@ -22,12 +22,12 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import rank, trained_model
 from maelm_jax.configuration import ConfigError
-from maelm_jax.documents import prepare_dataset, read_documents
-from maelm_jax.model import MaskedLM
-from maelm_jax.packing import pack_documents
-from maelm_jax.transformer import EncoderBlock
+from maelm_jax.data.documents import prepare_dataset, read_documents
+from maelm_jax.data.packing import pack_documents
+from maelm_jax.inspection import rank, trained_model
+from maelm_jax.model.masked_lm import MaskedLM
+from maelm_jax.model.transformer import EncoderBlock
 
 MASK_RATE = 0.15
 

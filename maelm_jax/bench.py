@@ -27,19 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import (
-    checkpoint_integrity,
-    checkpointing,
-    cli,
-    flop_count,
-    metric_logging,
-    programs,
-    sharding,
-    train,
-)
-from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.model import count_params
-from maelm_jax.tokenizer import BOS_ID, FIRST_REGULAR_ID, Tokenizer
+from maelm_jax import cli
+from maelm_jax.checkpoints import checkpointing
+from maelm_jax.checkpoints import integrity as checkpoint_integrity
+from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID, Tokenizer
+from maelm_jax.model import flop_count
+from maelm_jax.model.masked_lm import count_params
+from maelm_jax.training import metric_logging, programs, sharding, train
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

@@ -55,8 +55,11 @@ from absl import app, flags
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from maelm_jax import cli, flop_count, programs, sharding, tpu_chips
+from maelm_jax import cli
 from maelm_jax.configuration import ConfigError
+from maelm_jax.hardware import tpu_chips
+from maelm_jax.model import flop_count
+from maelm_jax.training import programs, sharding
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_ERROR = 2
@@ -291,7 +294,7 @@ def _count_flops(config, devices, compiled, mode: str):
         return None, "skipped (--flops=skip)", None
     if mode == "analytic":
         flops = flop_count.step_flops(config, flop_count.num_params(config))
-        return flops / len(devices), "analytic model FLOPs (maelm_jax/flop_count.py)", None
+        return flops / len(devices), "analytic model FLOPs (maelm_jax/model/flop_count.py)", None
     if compiled is None:
         return None, "skipped: the step does not compile within HBM", None
     if not matmul_loops(compiled.as_text()):

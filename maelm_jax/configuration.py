@@ -14,7 +14,8 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import paths, remat
+from maelm_jax import paths
+from maelm_jax.model import remat
 
 OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")

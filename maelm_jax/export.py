@@ -23,8 +23,10 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli, hf_convert, paths, trained_model
+from maelm_jax import cli, paths
 from maelm_jax.configuration import ConfigError
+from maelm_jax.hf import convert as hf_convert
+from maelm_jax.inspection import trained_model
 
 TOLERANCE = 1e-4
 MODELING_FILE = "modeling_maelm.py"
@@ -187,7 +189,7 @@ def export(workdir, output_dir, step: int | None = None) -> ExportResult:
 def _export_local(workdir, output_dir: str, step: int | None) -> ExportResult:
     from safetensors.numpy import save_file
 
-    from maelm_jax.hf_tokenizer import hf_tokenizer
+    from maelm_jax.hf.tokenizer import hf_tokenizer
 
     out = os.path.abspath(os.fspath(output_dir))
     if os.path.exists(out) and os.listdir(out):

@@ -38,9 +38,11 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from maelm_jax import compile as aot
-from maelm_jax import flop_count, loss, optimizer, programs, tpu_chips
 from maelm_jax.configuration import ConfigError
-from maelm_jax.model import init_inputs
+from maelm_jax.hardware import tpu_chips
+from maelm_jax.model import flop_count, loss
+from maelm_jax.model.masked_lm import init_inputs
+from maelm_jax.training import optimizer, programs
 
 # method -> (objective, mask_rate, decoder, decoder layers, relative position buckets):
 # the paper configs (configs/mlm_base.py, mae_lm_base.py, three_ml_*_base.py).

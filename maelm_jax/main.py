@@ -13,7 +13,9 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import cli, configuration, multihost, platforms, workdir_lease
+from maelm_jax import cli, configuration
+from maelm_jax.checkpoints import workdir_lease
+from maelm_jax.hardware import multihost, platforms
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -85,8 +87,11 @@ def _run() -> str | None:
     """The run itself; returns the one line of an error the user can act on."""
     from clu import platform
 
-    from maelm_jax import metric_logging, train
-    from maelm_jax.checkpointing import CheckpointSaveError, silence_writes_after_a_failed_save
+    from maelm_jax.checkpoints.checkpointing import (
+        CheckpointSaveError,
+        silence_writes_after_a_failed_save,
+    )
+    from maelm_jax.training import metric_logging, train
 
     metric_logging.quiet_library_logs()
     silence_writes_after_a_failed_save()

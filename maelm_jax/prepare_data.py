@@ -24,10 +24,11 @@ import tensorflow_datasets as tfds
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import cli, default_corpus, paths, prepared
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import cli, paths
 from maelm_jax.configuration import ConfigError, DataConfig, data_config
-from maelm_jax.documents import TEXT_PREFIX, read_documents
+from maelm_jax.data import default_corpus, prepared
+from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.data.documents import TEXT_PREFIX, read_documents
 
 _ENCODE_BATCH = 512
 

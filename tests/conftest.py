@@ -29,7 +29,7 @@ def tiny_checkpoints(tmp_path_factory):
     from text_corpora import sample_document, write_corpus
     from tiny_configs import tiny_run_config
 
-    from maelm_jax import train
+    from maelm_jax.training import train
 
     root = tmp_path_factory.mktemp("tiny_checkpoints")
     dataset = write_corpus(root / "corpus", [sample_document(i) for i in range(240)])

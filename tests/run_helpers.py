@@ -15,7 +15,8 @@ import time
 from etils import epath
 from tiny_configs import REPO_ROOT, run_flags
 
-from maelm_jax import checkpointing, metric_logging, train
+from maelm_jax.checkpoints import checkpointing
+from maelm_jax.training import metric_logging, train
 
 
 def main_command(config, workdir) -> list[str]:

@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 
-from maelm_jax import analysis, rank, trained_model
+from maelm_jax import analysis
+from maelm_jax.inspection import rank, trained_model
 
 
 def _known_spectrum(singular_values, n=400, d=48, seed=0):

@@ -8,7 +8,7 @@ import pytest
 from test_model import build, run
 from tiny_configs import frozen, tiny_config
 
-from maelm_jax.attention import (
+from maelm_jax.model.attention import (
     RelativePositionBias,
     bucket_distances,
     relative_position_buckets,
@@ -64,7 +64,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 def test_explicit_attention_path_matches_the_fused_one_with_segments_and_bias():
     """The path dropout takes, at rate 0, equals jax.nn.dot_product_attention's; a query
     whose segment has no key gets zeros on both paths, not an average over other segments."""
-    from maelm_jax.attention import attend
+    from maelm_jax.model.attention import attend
 
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     q = jax.random.normal(keys[0], (2, 5, 3, 4))
@@ -123,7 +123,7 @@ def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path)
     """attention_query_chunk: 7 queries in blocks of 3 (the last padded) against one block,
     with segments, a query that sees no key, and the factored relative bias at the kept
     tokens' original positions; equal outputs and equal gradients for q, k, v and the bias."""
-    from maelm_jax.attention import RelativeBias, attend
+    from maelm_jax.model.attention import RelativeBias, attend
 
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     q = jax.random.normal(keys[0], (2, 7, 3, 4))
@@ -158,7 +158,7 @@ def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path)
 def test_offset_lookup_gradient_in_key_slices_equals_the_scatter(keys, slices):
     """`lookup_offsets` scatters its gradient in slices of the keys (the largest divisor of
     S up to 8); the table gradient equals plain indexing's, colliding offsets summed."""
-    from maelm_jax.attention import lookup_offsets
+    from maelm_jax.model.attention import lookup_offsets
 
     rngs = jax.random.split(jax.random.PRNGKey(keys), 3)
     table = jax.random.normal(rngs[0], (2 * 16 - 1, 3))

@@ -20,9 +20,10 @@ from process_runs import process_env
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
-from maelm_jax import documents, workdir_lease
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.checkpoints import workdir_lease
 from maelm_jax.configuration import ConfigError
+from maelm_jax.data import documents
+from maelm_jax.data import tokenizer as tokenizer_lib
 
 STEPS = 24
 
@@ -133,8 +134,8 @@ MAIN_CASES = {
     "missing_config_file": (USAGE, ["--config=configs/nope.py"], ["configs/nope.py: no such file"]),
     "config_without_get_config": (
         USAGE,
-        ["--config=maelm_jax/loss.py"],
-        ["maelm_jax/loss.py defines no get_config()"],
+        ["--config=maelm_jax/model/loss.py"],
+        ["maelm_jax/model/loss.py defines no get_config()"],
     ),
     "several_bad_values_at_once": (
         INVALID,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from maelm_jax.batches import Prefetcher, TrainBatches
+from maelm_jax.data.batches import Prefetcher, TrainBatches
 
 
 def _numbered_blocks(n: int, seq_len: int = 4) -> np.ndarray:

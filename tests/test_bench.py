@@ -5,7 +5,7 @@ import json
 
 from test_bad_input import run_command
 
-from maelm_jax import flop_count
+from maelm_jax.model import flop_count
 
 ARGS = dict(seq_len=32, batch_size=2)
 

@@ -28,11 +28,13 @@ from orbax.checkpoint._src.path import async_path  # a real Orbax coroutine
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax import checkpoint_integrity, checkpointing, metric_logging, programs, sharding, train
-from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.checkpointing import Checkpointer, NonFiniteStateError
+from maelm_jax.checkpoints import checkpointing
+from maelm_jax.checkpoints import integrity as checkpoint_integrity
+from maelm_jax.checkpoints.checkpointing import Checkpointer, NonFiniteStateError
 from maelm_jax.configuration import ConfigError
-from maelm_jax.tokenizer import BOS_ID, FIRST_REGULAR_ID
+from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
+from maelm_jax.training import metric_logging, programs, sharding, train
 
 STEPS = 32
 EVERY = 8

@@ -16,8 +16,10 @@ import pytest
 from tiny_configs import tiny_config
 
 from maelm_jax import compile as aot
-from maelm_jax import configuration, flop_count, tpu_chips
+from maelm_jax import configuration
 from maelm_jax.configuration import ConfigError
+from maelm_jax.hardware import tpu_chips
+from maelm_jax.model import flop_count
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_libtpu = pytest.mark.skipif(

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import tensorflow_datasets as tfds
 
-from maelm_jax import default_corpus
+from maelm_jax.data import default_corpus
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,11 @@ import pytest
 from etils import epath
 from tiny_configs import REPO_ROOT
 
-from maelm_jax import checkpointing, export, trained_model
-from maelm_jax.attention import relative_position_buckets
+from maelm_jax import export
+from maelm_jax.checkpoints import checkpointing
 from maelm_jax.configuration import ConfigError
+from maelm_jax.inspection import trained_model
+from maelm_jax.model.attention import relative_position_buckets
 
 EXPECTED_CLASS = {"mlm": "RobertaForMaskedLM", "mae_lm": "MaelmModel", "3ml_cross": "RobertaModel"}
 SAMPLE_TEXTS = (

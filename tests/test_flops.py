@@ -5,7 +5,8 @@ import jax
 import pytest
 from tiny_configs import tiny_config
 
-from maelm_jax import flop_count, flops
+from maelm_jax import flops
+from maelm_jax.model import flop_count
 
 # Wide enough that matmuls dominate and deep enough (6 encoder layers to the paper decoders'
 # 2) that skipping masked tokens in the encoder pays, as at real sizes.

@@ -6,11 +6,11 @@ import sys
 
 from tiny_configs import REPO_ROOT
 
-from maelm_jax.preemption import EXIT_INTERRUPTED, PreemptionWatcher
+from maelm_jax.training.preemption import EXIT_INTERRUPTED, PreemptionWatcher
 
 TWICE = """
 import os, signal, time
-from maelm_jax.preemption import PreemptionWatcher
+from maelm_jax.training.preemption import PreemptionWatcher
 watcher = PreemptionWatcher()
 os.kill(os.getpid(), signal.SIGINT)
 assert watcher.reached(1), "the first Ctrl-C must ask for a checkpoint"

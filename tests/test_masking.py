@@ -7,8 +7,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tiny_configs import frozen, tiny_config
 
-from maelm_jax import masking
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.model import masking
 
 SEQ = 32
 

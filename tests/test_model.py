@@ -21,10 +21,11 @@ from configs import (
     three_ml_self_base,
     three_ml_self_large,
 )
-from maelm_jax import configuration, loss, masking
-from maelm_jax.model import MaskedLM, count_params, init_inputs
-from maelm_jax.segments import segment_ids
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax import configuration
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.model import loss, masking
+from maelm_jax.model.masked_lm import MaskedLM, count_params, init_inputs
+from maelm_jax.model.segments import segment_ids
 
 SEQ = 32
 
@@ -375,7 +376,7 @@ def test_lm_head_in_blocks_gives_the_same_sums_and_gradients(objective, decoder)
     """lm_head_chunk: the k = 8 slots in blocks of 3 (the last padded with weight-0 slots)
     give the training loss's sums and gradients of the whole [B, k, V] logits, and the
     blocked program never holds them."""
-    from maelm_jax.train_step import loss_sums
+    from maelm_jax.training.train_step import loss_sums
 
     model, params, batch = build(objective, decoder)
     blocked = MaskedLM(frozen(tiny_config(objective, decoder, SEQ, lm_head_chunk=3))[0], PAD_ID)

@@ -21,11 +21,12 @@ from process_runs import DEVICES_PER_PROCESS, ProcessResult, describe, run_main
 from text_corpora import sample_document, write_corpus
 from tiny_configs import run_flags, tiny_run_config
 
-from maelm_jax import checkpointing, metric_logging, programs, sharding, train
-from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.batches import TrainBatches
-from maelm_jax.documents import _held_out, read_documents
-from maelm_jax.packing import CACHE_DIRNAME, pack_documents
+from maelm_jax.checkpoints import checkpointing
+from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.data.batches import TrainBatches
+from maelm_jax.data.documents import _held_out, read_documents
+from maelm_jax.data.packing import CACHE_DIRNAME, pack_documents
+from maelm_jax.training import metric_logging, programs, sharding, train
 
 STEPS = 8
 PROCESSES = 2

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from maelm_jax import tokenizer as tok
-from maelm_jax.packing import pack_documents
+from maelm_jax.data import tokenizer as tok
+from maelm_jax.data.packing import pack_documents
 
 
 @pytest.mark.parametrize("seq_len", [2, 7, 16])
@@ -36,7 +36,7 @@ def test_segment_ids_of_packed_blocks_are_exactly_the_documents():
     where documents end, cut documents included."""
     import jax.numpy as jnp
 
-    from maelm_jax.segments import segment_ids
+    from maelm_jax.model.segments import segment_ids
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(5, 100, size=rng.integers(1, 12)).tolist() for _ in range(40)]

@@ -16,11 +16,13 @@ import pytest
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
-from maelm_jax import metric_logging, prepare_data, prepared, train
+from maelm_jax import prepare_data
 from maelm_jax.configuration import data_config
-from maelm_jax.documents import read_documents
-from maelm_jax.packing import pack_documents
-from maelm_jax.tokenizer import MODEL_FILENAME, Tokenizer
+from maelm_jax.data import prepared
+from maelm_jax.data.documents import read_documents
+from maelm_jax.data.packing import pack_documents
+from maelm_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
+from maelm_jax.training import metric_logging, train
 
 VOCAB = 400  # python_docs needs more than 344 pieces (bytes, specials, its characters)
 

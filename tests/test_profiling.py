@@ -11,8 +11,9 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax import flop_count, metric_logging, train
-from maelm_jax.tokenizer import Tokenizer
+from maelm_jax.data.tokenizer import Tokenizer
+from maelm_jax.model import flop_count
+from maelm_jax.training import metric_logging, train
 
 REGIONS = ("encoder", "decoder", "lm_head", "loss", "optimizer")
 START, NUM = 3, 2

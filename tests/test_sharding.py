@@ -6,9 +6,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from tiny_configs import tiny_config
 
-from maelm_jax import programs, sharding, train
 from maelm_jax.configuration import ConfigError
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
+from maelm_jax.training import programs, sharding, train
 
 VOCAB = 300
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)]

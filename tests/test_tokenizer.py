@@ -6,8 +6,8 @@ import pytest
 import sentencepiece as spm
 
 from configs import default
-from maelm_jax import tokenizer as tok
 from maelm_jax.configuration import ConfigError
+from maelm_jax.data import tokenizer as tok
 
 TEXTS = [
     "The river runs past the old mill and under the stone bridge.",

@@ -13,8 +13,10 @@ from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, run_flags, tiny_run_config
 
 from configs import default
-from maelm_jax import checkpointing, input_pipeline, metric_logging, train
+from maelm_jax.checkpoints import checkpointing
 from maelm_jax.configuration import ConfigError
+from maelm_jax.data import input_pipeline
+from maelm_jax.training import metric_logging, train
 
 
 @pytest.fixture(scope="module")

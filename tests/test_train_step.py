@@ -5,7 +5,7 @@ import numpy as np
 from test_sharding import batch_rows
 from tiny_configs import tiny_config
 
-from maelm_jax import optimizer, programs, sharding, train
+from maelm_jax.training import optimizer, programs, sharding, train
 
 
 def two_updates(config):

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 from tiny_configs import frozen, tiny_config
 
-from maelm_jax import train_step, unigram
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from maelm_jax.data import unigram
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from maelm_jax.training import train_step
 
 A, B, C, D = 10, 11, 12, 13
 

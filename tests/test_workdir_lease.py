@@ -9,12 +9,12 @@ import time
 import pytest
 from tiny_configs import REPO_ROOT
 
-from maelm_jax import workdir_lease
-from maelm_jax.workdir_lease import WorkdirBusyError
+from maelm_jax.checkpoints import workdir_lease
+from maelm_jax.checkpoints.workdir_lease import WorkdirBusyError
 
 HOLDER = """
 import sys, time
-from maelm_jax import workdir_lease
+from maelm_jax.checkpoints import workdir_lease
 workdir_lease.acquire(sys.argv[1])
 print("held", flush=True)
 time.sleep(120)

@@ -6,7 +6,7 @@ import ml_collections
 
 from configs import default
 from maelm_jax import configuration
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 
 VOCAB = 300
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

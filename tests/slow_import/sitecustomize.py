@@ -9,7 +9,7 @@ import time
 
 class _SlowTrainImport:
     def find_spec(self, name, path=None, target=None):
-        if name == "maelm_jax.train":
+        if name == "maelm_jax.training.train":
             time.sleep(float(os.environ["MAELM_SLOW_TRAIN_IMPORT"]))
         return None  # the normal finders do the import
 

@@ -17,10 +17,11 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from maelm_jax import checkpointing, configuration
+from maelm_jax import configuration
+from maelm_jax.checkpoints import checkpointing
 from maelm_jax.configuration import ConfigError, ModelConfig
-from maelm_jax.model import MaskedLM, init_inputs
-from maelm_jax.tokenizer import MASK_ID, Tokenizer
+from maelm_jax.data.tokenizer import MASK_ID, Tokenizer
+from maelm_jax.model.masked_lm import MaskedLM, init_inputs
 
 
 @dataclasses.dataclass(frozen=True)

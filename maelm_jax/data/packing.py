@@ -18,8 +18,8 @@ from etils import epath
 
 from maelm_jax import paths
 from maelm_jax.configuration import DataConfig, data_config
-from maelm_jax.documents import read_documents
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from maelm_jax.data.documents import read_documents
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 CACHE_DIRNAME = "data_cache"
 # Bump when the packing or the cache layout changes. 2: corpus text no longer encodes to

@@ -29,8 +29,9 @@ import dataclasses
 import jax
 import ml_collections
 
-from maelm_jax import configuration, programs
-from maelm_jax.model import count_params, init_inputs
+from maelm_jax import configuration
+from maelm_jax.model.masked_lm import count_params, init_inputs
+from maelm_jax.training import programs
 
 REGIONS = ("embedding", "encoder", "decoder", "lm_head", "optimizer")
 FORWARD_BACKWARD = 3

@@ -15,9 +15,10 @@ import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from maelm_jax import configuration, optimizer, sharding, train_state, train_step
-from maelm_jax.model import MaskedLM
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax import configuration
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.model.masked_lm import MaskedLM
+from maelm_jax.training import optimizer, sharding, train_state, train_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ CPUs have no entry: there MFU needs a peak from the user (`config.peak_flops_per
 
 import dataclasses
 
-from maelm_jax import tpu_chips
+from maelm_jax.hardware import tpu_chips
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,11 +12,11 @@ import os
 import numpy as np
 from absl import logging
 
-from maelm_jax.batches import TrainBatches, eval_batches
 from maelm_jax.configuration import ConfigError, DataConfig, data_config
-from maelm_jax.documents import prepare_dataset
-from maelm_jax.packing import packed_blocks
-from maelm_jax.tokenizer import PAD_ID, Tokenizer
+from maelm_jax.data.batches import TrainBatches, eval_batches
+from maelm_jax.data.documents import prepare_dataset
+from maelm_jax.data.packing import packed_blocks
+from maelm_jax.data.tokenizer import PAD_ID, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

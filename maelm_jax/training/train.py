@@ -9,25 +9,16 @@ import numpy as np
 from absl import logging
 from clu import periodic_actions
 
-from maelm_jax import (
-    batches,
-    checkpointing,
-    configuration,
-    fill_in,
-    input_pipeline,
-    metric_logging,
-    multihost,
-    paths,
-    profiling,
-    programs,
-    sharding,
-    telemetry,
-    unigram,
-)
-from maelm_jax import documents as documents_lib
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import configuration, paths
+from maelm_jax.checkpoints import checkpointing
 from maelm_jax.configuration import ConfigError
-from maelm_jax.preemption import PreemptionWatcher
+from maelm_jax.data import batches, input_pipeline, unigram
+from maelm_jax.data import documents as documents_lib
+from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.hardware import multihost
+from maelm_jax.inspection import fill_in
+from maelm_jax.training import metric_logging, profiling, programs, sharding, telemetry
+from maelm_jax.training.preemption import PreemptionWatcher
 
 
 class NonFiniteLossError(RuntimeError):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from maelm_jax.configuration import ModelConfig
-from maelm_jax.model import init_inputs
+from maelm_jax.model.masked_lm import init_inputs
 
 
 @flax.struct.dataclass

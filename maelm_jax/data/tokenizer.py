@@ -38,8 +38,10 @@ from etils import epath
 from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
-from maelm_jax import multihost, paths, prepared
+from maelm_jax import paths
 from maelm_jax.configuration import ConfigError, data_config
+from maelm_jax.data import prepared
+from maelm_jax.hardware import multihost
 
 BOS_ID = 0
 PAD_ID = 1
@@ -78,7 +80,7 @@ def _canonical(proto: bytes) -> tuple[bytes, bytes, bytes]:
     if pieces != SPECIAL_PIECES:
         raise ConfigError(
             f"SentencePiece model has special pieces {pieces} at ids 0..4; maelm_jax needs "
-            f"{SPECIAL_PIECES} (train one with maelm_jax.tokenizer.train)"
+            f"{SPECIAL_PIECES} (train one with maelm_jax.data.tokenizer.train)"
         )
     for token_id in (BOS_ID, PAD_ID, EOS_ID, MASK_ID):
         model.pieces[token_id].type = _PIECE.CONTROL

@@ -21,7 +21,7 @@ from sentencepiece import sentencepiece_model_pb2
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as RustTokenizer
 
-from maelm_jax.tokenizer import BOS_ID, EOS_ID, SPECIAL_PIECES, UNK_ID, Tokenizer
+from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, SPECIAL_PIECES, UNK_ID, Tokenizer
 
 
 def _rust_tokenizer(proto: bytes) -> RustTokenizer:

@@ -26,8 +26,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from jax.experimental import multihost_utils
 
-from maelm_jax import default_corpus
 from maelm_jax.configuration import ConfigError, DataConfig, data_config
+from maelm_jax.data import default_corpus
 
 TEXT_PREFIX = "text:"
 SPLIT_KINDS = ("train", "eval")
@@ -225,7 +225,7 @@ def prepare_dataset(config: DataConfig, process_index: int) -> None:
     if process_index == 0:
         default_corpus.builder(config.data_dir)
     if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("maelm_jax.documents.prepare_dataset")
+        multihost_utils.sync_global_devices("maelm_jax.data.documents.prepare_dataset")
     default_corpus.builder(config.data_dir)
 
 

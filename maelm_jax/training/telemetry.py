@@ -13,7 +13,8 @@ import time
 import jax
 import ml_collections
 
-from maelm_jax import accelerators, flop_count
+from maelm_jax.hardware import accelerators
+from maelm_jax.model import flop_count
 
 WARMUP_STEPS = 2
 

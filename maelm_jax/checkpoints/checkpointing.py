@@ -33,10 +33,12 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from maelm_jax import checkpoint_integrity, multihost, paths
+from maelm_jax import paths
+from maelm_jax.checkpoints import integrity as checkpoint_integrity
 from maelm_jax.configuration import ConfigError
-from maelm_jax.tokenizer import Tokenizer
-from maelm_jax.train_state import TrainState
+from maelm_jax.data.tokenizer import Tokenizer
+from maelm_jax.hardware import multihost
+from maelm_jax.training.train_state import TrainState
 
 CHECKPOINT_DIRNAME = "checkpoints"
 MANIFEST = "maelm_manifest.json"
@@ -331,7 +333,9 @@ class Checkpointer:
             (self.directory / str(step)).rename(target)
             logging.warning("Moved checkpoint %d aside to %s", step, target)
         if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"maelm_jax.checkpointing.quarantine.{step}")
+            multihost_utils.sync_global_devices(
+                f"maelm_jax.checkpoints.checkpointing.quarantine.{step}"
+            )
 
     def _verify(self, step_dir: epath.Path, state: TrainState) -> str | None:
         """Why the restored `state` is not what was saved, or None (collective)."""

@@ -17,7 +17,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from maelm_jax.configuration import ConfigError
-from maelm_jax.logical_axes import ALL_AXES
+from maelm_jax.model.logical_axes import ALL_AXES
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

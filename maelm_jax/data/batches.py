@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from maelm_jax.configuration import ConfigError
-from maelm_jax.tokenizer import PAD_ID
+from maelm_jax.data.tokenizer import PAD_ID
 
 
 class Prefetcher:

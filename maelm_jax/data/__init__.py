@@ -1,0 +1,1 @@
+"""Text to token blocks: documents, the tokenizer, packing, batches, prepared corpora."""

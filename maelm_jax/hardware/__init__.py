@@ -1,0 +1,1 @@
+"""The machines: TPU chips and peaks, JAX platforms, processes of a multi-host run."""

@@ -1,0 +1,1 @@
+"""HuggingFace/PyTorch: the converted weights, the model class and the tokenizer."""

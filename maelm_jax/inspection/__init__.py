@@ -1,0 +1,1 @@
+"""A trained model looked at: checkpoint loading, fill-in samples, representation rank."""

@@ -1,0 +1,1 @@
+"""The network and what is computed on it: layers, the masked LM, masking, loss, FLOPs."""
