@@ -2,7 +2,7 @@
 
 import pathlib
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="maelm_jax",
@@ -11,7 +11,7 @@ setup(
     long_description=(pathlib.Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=["maelm_jax", "configs"],
+    packages=find_packages(include=["maelm_jax", "maelm_jax.*", "configs"]),
     install_requires=[
         "jax>=0.10.2,<0.11",
         "flax>=0.12.8,<0.13",

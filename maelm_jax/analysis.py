@@ -22,12 +22,12 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from maelm_jax.configuration import ConfigError
 from maelm_jax.data.documents import prepare_dataset, read_documents
 from maelm_jax.data.packing import pack_documents
 from maelm_jax.inspection import rank, trained_model
 from maelm_jax.model.masked_lm import MaskedLM
 from maelm_jax.model.transformer import EncoderBlock
+from maelm_jax.run_config import ConfigError
 
 MASK_RATE = 0.15
 
@@ -96,12 +96,12 @@ def held_out_blocks(trained, text_file: str | None, num_tokens: int) -> np.ndarr
         with open(text_file, encoding="utf-8") as f:
             docs = [d for d in f.read().split("\n\n") if d.strip()]
     else:
-        prepare_dataset(config, 0)
-        docs = read_documents(config, "eval", 0, 1)
+        prepare_dataset(config.data, 0)
+        docs = read_documents(config.data, "eval", 0, 1)
     max_blocks = -(-num_tokens // (config.seq_len - 2)) + 1
     blocks = pack_documents((tok.encode(d) for d in docs), config.seq_len, max_blocks)
     if len(blocks) == 0:
-        source = text_file or f"the eval split of dataset={config.dataset!r}"
+        source = text_file or f"the eval split of dataset={config.data.dataset!r}"
         raise ConfigError(f"{source} holds no text to measure")
     return blocks
 
@@ -160,7 +160,7 @@ def analyse(workdir, step: int | None, num_tokens: int, text_file: str | None) -
         "objective": c.objective,
         "decoder": c.model.decoder if c.objective == "mae_lm" else None,
         "hidden_size": c.model.hidden_size,
-        "text": text_file or f"{c.dataset} (eval split)",
+        "text": text_file or f"{c.data.dataset} (eval split)",
         "layers": list(range(trained.model_config.num_layers + 1)),
         "conditions": conditions,
     }

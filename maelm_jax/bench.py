@@ -27,13 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli
-from maelm_jax.checkpoints import checkpointing
+from maelm_jax import cli, configuration
+from maelm_jax.checkpoints import checkpointing, manifest
 from maelm_jax.checkpoints import integrity as checkpoint_integrity
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID, Tokenizer
 from maelm_jax.model import flop_count
 from maelm_jax.model.masked_lm import count_params
+from maelm_jax.run_config import RunConfig
 from maelm_jax.training import metric_logging, programs, sharding, train
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -61,13 +62,16 @@ flags.register_validator(
 FLAGS = flags.FLAGS
 
 
-def _config(name: str):
+def _config(name: str, dtype: str | None = None) -> RunConfig:
+    """configs/`name`.py with the command's --batch_size, --seq_len and `dtype`, frozen."""
     config = importlib.import_module(f"configs.{name}").get_config()
     if FLAGS.batch_size:
         config.batch_size = FLAGS.batch_size
     if FLAGS.seq_len:
         config.seq_len = FLAGS.seq_len
-    return config
+    if dtype:
+        config.model.dtype = dtype
+    return configuration.freeze(config)
 
 
 class _CompileCounter:
@@ -96,15 +100,14 @@ class _Timed:
 
     def __init__(self, name: str, dtype: str | None):
         self.name = name
-        self.config = config = _config(name)
-        if dtype:
-            config.model.dtype = dtype
-        self.mesh = sharding.create_mesh(config)
-        self.progs = programs.build(config, self.mesh, config.vocab_size)
+        self.config = config = _config(name, dtype)
+        self.dtype = jnp.dtype(config.model.dtype).name
+        self.mesh = sharding.create_mesh(config.mesh)
+        self.progs = programs.build(config, self.mesh, config.data.vocab_size)
         self.state = self.progs.initialize(jax.random.PRNGKey(0))
         rows = np.random.default_rng(0).integers(
             FIRST_REGULAR_ID,
-            config.vocab_size,
+            config.data.vocab_size,
             (config.batch_size // jax.process_count(), config.seq_len),
         )
         rows[:, 0] = BOS_ID
@@ -125,7 +128,7 @@ class _Timed:
 class _Matmul:
     """`jnp.dot` at the config's MLP shape, rows sharded like the batch: the reference rate."""
 
-    def __init__(self, config, dtype: str, mesh):
+    def __init__(self, config: RunConfig, dtype: str, mesh):
         self.shape = (
             config.batch_size * config.seq_len,
             config.model.hidden_size,
@@ -157,7 +160,7 @@ def run_speed() -> None:
     _CompileCounter.install()
     timed = [_Timed(name, dtype) for name in FLAGS.configs]
     first = timed[0]
-    matmul_dtype = dtype or first.config.model.dtype
+    matmul_dtype = dtype or first.dtype
     matmul = _Matmul(first.config, matmul_dtype, first.mesh)
     compiles_before = _CompileCounter.count
     for _ in range(FLAGS.rounds):
@@ -173,7 +176,7 @@ def run_speed() -> None:
         rows.append(
             {
                 "config": t.name,
-                "dtype": t.config.model.dtype,
+                "dtype": t.dtype,
                 "compile_s": t.compile_s,
                 "steps_per_sec": statistics.median(1 / s for s in step_s),
                 "tokens_per_sec": statistics.median(tokens / s for s in step_s),
@@ -236,8 +239,8 @@ def run_checkpoint() -> None:
     go on) and the total (until the step is committed), and its size on disk."""
     for name in FLAGS.configs:
         config = _config(name)
-        mesh = sharding.create_mesh(config)
-        progs = programs.build(config, mesh, config.vocab_size)
+        mesh = sharding.create_mesh(config.mesh)
+        progs = programs.build(config, mesh, config.data.vocab_size)
         state = _incompressible(progs.initialize(jax.random.PRNGKey(0)), progs.state_shardings)
         params = count_params(state.params)
         with tempfile.TemporaryDirectory() as workdir:
@@ -252,7 +255,7 @@ def run_checkpoint() -> None:
             blocking = time.perf_counter() - start
             checkpointer.wait_until_finished()
             total = time.perf_counter() - start
-            step_dir = pathlib.Path(workdir) / checkpointing.CHECKPOINT_DIRNAME / "1"
+            step_dir = pathlib.Path(workdir) / manifest.CHECKPOINT_DIRNAME / "1"
             size = sum(f.stat().st_size for f in step_dir.rglob("*") if f.is_file())
             start = time.perf_counter()
             with sharding.activate(progs.mesh, progs.rules):

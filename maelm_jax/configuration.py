@@ -1,98 +1,45 @@
-"""The edge between `ml_collections.ConfigDict` and the code: validation and frozen configs.
+"""The edge between `ml_collections.ConfigDict` and the code: validation, then freezing.
 
-Everything downstream of `train_and_evaluate` receives the frozen dataclasses built here,
-never the mutable ConfigDict, so a jitted function can close over them safely and a bad
-value fails once, up front, with a message that names it.
+The user's format is a ConfigDict (configs/*.py, `--config.key=value`); the code's is the
+frozen `run_config.RunConfig`. Each command calls `freeze` right after parsing its flags,
+so every value is checked once, up front, with a message that names it, and nothing
+below the commands ever reads a ConfigDict. This module and the commands are the only
+importers of `ml_collections` in the package (tests/test_layering.py holds that).
 """
 
 import dataclasses
+import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax.numpy as jnp
 import ml_collections
+from absl import logging
 
 from maelm_jax import paths
 from maelm_jax.model import remat
+from maelm_jax.run_config import (
+    DECODERS,
+    DTYPES,
+    MASK_TOKEN_SOURCES,
+    NONFINITE_POLICIES,
+    OBJECTIVES,
+    PACKINGS,
+    CheckpointConfig,
+    ConfigError,
+    DataConfig,
+    LoopConfig,
+    MaskingSettings,
+    MeshConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RunConfig,
+    num_masked,
+    padded_vocab_size,
+)
 
-OBJECTIVES = ("mlm", "mae_lm")
-DECODERS = ("self", "cross")
 REMAT_POLICIES = ("none", *remat.POLICIES)
-NONFINITE_POLICIES = ("stop", "skip")
-PACKINGS = ("segmented", "concatenated")  # see segments.py
-MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model.py
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-VOCAB_MULTIPLE = 128
-
-
-class ConfigError(ValueError):
-    """A user-supplied value (config, path, data) is not allowed; the message says why."""
-
-
-def padded_vocab_size(vocab_size: int) -> int:
-    """Rounds up to a multiple of 128 so the vocab axis tiles and shards evenly."""
-    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
-
-def num_masked(mask_rate: float, seq_len: int) -> int:
-    """The static k: every row has exactly this many masked slots."""
-    return round(mask_rate * seq_len)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """What the model code needs; `vocab_size` is already padded."""
-
-    objective: str
-    vocab_size: int
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    mlp_dim: int
-    decoder: str
-    num_decoder_layers: int
-    max_positions: int
-    dropout_rate: float
-    decoder_dropout_rate: float
-    attention_dropout_rate: float
-    decoder_attention_dropout_rate: float
-    mask_token_source: str
-    relative_attention_buckets: int
-    relative_attention_max_distance: int
-    relative_attention_init_slope: float
-    decoder_relative_attention: bool
-    dtype: Any
-    scan_layers: bool
-    remat_policy: str
-    decoder_remat_policy: str
-    attention_query_chunk: int
-    lm_head_chunk: int
-    layer_norm_epsilon: float
-    init_std: float
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-
-@dataclasses.dataclass(frozen=True)
-class MaskingConfig:
-    """How rows are masked; the special ids come from the tokenizer."""
-
-    objective: str
-    seq_len: int
-    num_masked: int
-    mlm_mask_prob: float
-    mlm_random_prob: float
-    vocab_size: int  # the tokenizer's (unpadded): random replacements stay inside it
-    mask_id: int
-    pad_id: int
-    eos_id: int  # ends every document in a block: segment ids follow from it
-    packing: str  # "segmented" | "concatenated", see segments.py
-    special_ids: tuple[int, ...]  # never chosen while a row has enough other tokens
-    first_regular_id: int  # random replacements are drawn from [first_regular_id, vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,108 +229,159 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"{len(problems)} config values are not allowed: " + "; ".join(problems))
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
-    """Freezes `config.model`; `vocab_size` is the tokenizer's and gets padded here."""
+def _pairs(node) -> tuple:
+    return tuple((str(k), int(v)) for k, v in sorted(dict(node).items()))
+
+
+def _rules(rules) -> tuple:
+    """Axis rules as tuples all the way down (JSON brings them back as lists)."""
+    return tuple(
+        (name, target if target is None or isinstance(target, str) else tuple(target))
+        for name, target in rules
+    )
+
+
+def freeze(config: ml_collections.ConfigDict) -> RunConfig:
+    """Validates `config` and freezes it into the `RunConfig` everything below the commands
+    takes; the one reader of a ConfigDict's values."""
     validate(config)
     m = config.model
-    return ModelConfig(
+    shared = {"seq_len": config.seq_len, "batch_size": config.batch_size, "seed": config.seed}
+    return RunConfig(
         objective=config.objective,
-        vocab_size=padded_vocab_size(vocab_size),
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        num_heads=m.num_heads,
-        mlp_dim=m.mlp_dim,
-        decoder=m.decoder,
-        num_decoder_layers=m.num_decoder_layers if config.objective == "mae_lm" else 0,
-        max_positions=m.max_positions,
-        dropout_rate=m.dropout_rate,
-        decoder_dropout_rate=m.decoder_dropout_rate,
-        attention_dropout_rate=m.attention_dropout_rate,
-        decoder_attention_dropout_rate=m.decoder_attention_dropout_rate,
-        mask_token_source=m.mask_token_source,
-        relative_attention_buckets=m.relative_attention_buckets,
-        relative_attention_max_distance=m.relative_attention_max_distance,
-        relative_attention_init_slope=m.relative_attention_init_slope,
-        decoder_relative_attention=m.decoder_relative_attention,
-        dtype=DTYPES[m.dtype],
-        scan_layers=m.scan_layers,
-        remat_policy=m.remat_policy,
-        decoder_remat_policy=m.decoder_remat_policy,
-        attention_query_chunk=m.attention_query_chunk,
-        lm_head_chunk=m.lm_head_chunk,
-        layer_norm_epsilon=m.layer_norm_epsilon,
-        init_std=m.init_std,
+        **shared,
+        model=ModelConfig(
+            objective=config.objective,
+            vocab_size=padded_vocab_size(config.vocab_size),
+            num_layers=m.num_layers,
+            hidden_size=m.hidden_size,
+            num_heads=m.num_heads,
+            mlp_dim=m.mlp_dim,
+            decoder=m.decoder,
+            num_decoder_layers=m.num_decoder_layers if config.objective == "mae_lm" else 0,
+            max_positions=m.max_positions,
+            dropout_rate=m.dropout_rate,
+            decoder_dropout_rate=m.decoder_dropout_rate,
+            attention_dropout_rate=m.attention_dropout_rate,
+            decoder_attention_dropout_rate=m.decoder_attention_dropout_rate,
+            mask_token_source=m.mask_token_source,
+            relative_attention_buckets=m.relative_attention_buckets,
+            relative_attention_max_distance=m.relative_attention_max_distance,
+            relative_attention_init_slope=m.relative_attention_init_slope,
+            decoder_relative_attention=m.decoder_relative_attention,
+            dtype=DTYPES[m.dtype],
+            scan_layers=m.scan_layers,
+            remat_policy=m.remat_policy,
+            decoder_remat_policy=m.decoder_remat_policy,
+            attention_query_chunk=m.attention_query_chunk,
+            lm_head_chunk=m.lm_head_chunk,
+            layer_norm_epsilon=m.layer_norm_epsilon,
+            init_std=m.init_std,
+        ),
+        masking=MaskingSettings(
+            objective=config.objective,
+            mask_rate=config.mask_rate,
+            seq_len=config.seq_len,
+            num_masked=num_masked(config.mask_rate, config.seq_len),
+            mlm_mask_prob=config.mlm_mask_prob,
+            mlm_random_prob=config.mlm_random_prob,
+            packing=config.packing,
+        ),
+        data=DataConfig(
+            dataset=config.dataset,
+            data_dir=paths.resolve(config.data_dir) if config.data_dir else None,
+            train_split=config.train_split,
+            eval_split=config.eval_split,
+            eval_holdout_fraction=config.eval_holdout_fraction,
+            max_documents=config.max_documents,
+            eval_batches=config.eval_batches,
+            vocab_path=paths.resolve(config.vocab_path) if config.vocab_path else None,
+            vocab_size=config.vocab_size,
+            tokenizer_train_documents=config.tokenizer_train_documents,
+            **shared,
+        ),
+        optimizer=OptimizerConfig(
+            learning_rate=config.learning_rate,
+            warmup_steps=config.warmup_steps,
+            num_train_steps=config.num_train_steps,
+            weight_decay=config.weight_decay,
+            adam_b1=config.adam_b1,
+            adam_b2=config.adam_b2,
+            adam_eps=config.adam_eps,
+            max_grad_norm=config.max_grad_norm,
+        ),
+        loop=LoopConfig(
+            num_train_steps=config.num_train_steps,
+            seed=config.seed,
+            grad_accum_steps=config.grad_accum_steps,
+            eval_every_steps=config.eval_every_steps,
+            eval_batches=config.eval_batches,
+            log_every_steps=config.log_every_steps,
+            nonfinite=config.nonfinite,
+            profile_num_steps=config.profile_num_steps,
+            profile_start_step=config.profile_start_step,
+            peak_flops_per_device=config.peak_flops_per_device,
+            inject_nan_at_step=config.inject_nan_at_step,
+            init_from=config.init_from or None,
+        ),
+        checkpoint=CheckpointConfig(
+            every_steps=config.checkpoint_every_steps,
+            keep=config.keep_checkpoints,
+            keep_every_steps=config.keep_every_steps,
+        ),
+        mesh=MeshConfig(
+            ici=_pairs(config.mesh.ici),
+            dcn=_pairs(config.mesh.dcn),
+            logical_axis_rules=_rules(config.logical_axis_rules),
+        ),
+        source_json=config.to_json_best_effort(sort_keys=True),
     )
 
 
-def masking_config(
-    config: ml_collections.ConfigDict,
-    *,
-    vocab_size: int,
-    mask_id: int,
-    pad_id: int,
-    eos_id: int,
-    special_ids: tuple[int, ...],
-    first_regular_id: int,
-) -> MaskingConfig:
-    """Freezes the masking settings together with the tokenizer's special ids."""
-    validate(config)
-    return MaskingConfig(
-        objective=config.objective,
-        seq_len=config.seq_len,
-        num_masked=num_masked(config.mask_rate, config.seq_len),
-        mlm_mask_prob=config.mlm_mask_prob,
-        mlm_random_prob=config.mlm_random_prob,
-        vocab_size=vocab_size,
-        mask_id=mask_id,
-        pad_id=pad_id,
-        eos_id=eos_id,
-        packing=config.packing,
-        special_ids=tuple(special_ids),
-        first_regular_id=first_regular_id,
-    )
+def _set(config: ml_collections.ConfigDict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    node = config
+    for key in parents:
+        node = node[key]
+    if leaf not in node:
+        raise ConfigError(f"override {dotted}={value!r}: the config has no key {dotted!r}")
+    node[leaf] = value
 
 
-# --- The data side: what documents, packing, the input pipeline and the tokenizer read. ---
+def override(run: RunConfig, changes: Mapping[str, Any]) -> RunConfig:
+    """`run` with dotted keys changed ({"batch_size": 64, "model.scan_layers": False}), then
+    validated and frozen again, so every part that copies a changed key sees the change."""
+    config = ml_collections.ConfigDict(json.loads(run.source_json))
+    for dotted, value in changes.items():
+        _set(config, dotted, value)
+    return freeze(config)
 
 
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """The data keys of the run's config, frozen; paths already through `paths.resolve`
-    (`file://` URLs become local paths, gs:// stays)."""
-
-    dataset: str
-    data_dir: str | None  # None: TFDS's default
-    train_split: str
-    eval_split: str
-    eval_holdout_fraction: float
-    max_documents: int
-    seq_len: int
-    batch_size: int  # global rows per step
-    eval_batches: int
-    seed: int
-    vocab_path: str | None
-    vocab_size: int
-    tokenizer_train_documents: int
+# What the model did before each of these keys existed, for checkpoints written before it.
+_BEFORE_KEY_EXISTED = {
+    "attention_dropout_rate": 0.0,
+    "decoder_attention_dropout_rate": 0.0,
+    "mask_token_source": "learned",
+}
 
 
-def data_config(config: ml_collections.ConfigDict | DataConfig) -> DataConfig:
-    """Freezes the data keys of `config`; a DataConfig passes through unchanged, so the data
-    modules' entry points accept either and read only the frozen fields inside."""
-    if isinstance(config, DataConfig):
-        return config
-    return DataConfig(
-        dataset=config.dataset,
-        data_dir=paths.resolve(config.data_dir) if config.data_dir else None,
-        train_split=config.train_split,
-        eval_split=config.eval_split,
-        eval_holdout_fraction=config.eval_holdout_fraction,
-        max_documents=config.max_documents,
-        seq_len=config.seq_len,
-        batch_size=config.batch_size,
-        eval_batches=config.eval_batches,
-        seed=config.seed,
-        vocab_path=paths.resolve(config.vocab_path) if config.vocab_path else None,
-        vocab_size=config.vocab_size,
-        tokenizer_train_documents=config.tokenizer_train_documents,
-    )
+def from_checkpoint(saved: dict) -> RunConfig:
+    """The RunConfig a checkpoint's stored config (JSON) describes, completed for keys added
+    since it was written: model keys get what the model did before (`_BEFORE_KEY_EXISTED`;
+    any other missing model key is a ConfigError), top-level keys (training-only: data,
+    optimizer, logging) their defaults."""
+    from configs import base
+
+    config, defaults = ml_collections.ConfigDict(saved), base.get_config()
+    absent = [k for k in defaults.model if k not in config.model]
+    unknown = [k for k in absent if k not in _BEFORE_KEY_EXISTED]
+    if unknown:
+        raise ConfigError(f"the checkpoint's config lacks model keys {unknown}")
+    for key in absent:
+        config.model[key] = _BEFORE_KEY_EXISTED[key]
+    if absent:
+        logging.warning("Checkpoint config predates model keys %s; using what runs did", absent)
+    for key in defaults:
+        if key not in config:
+            config[key] = defaults[key]
+    return freeze(config)

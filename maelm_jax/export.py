@@ -24,9 +24,9 @@ import numpy as np
 from absl import app, flags
 
 from maelm_jax import cli, paths
-from maelm_jax.configuration import ConfigError
 from maelm_jax.hf import convert as hf_convert
 from maelm_jax.inspection import trained_model
+from maelm_jax.run_config import ConfigError
 
 TOLERANCE = 1e-4
 MODELING_FILE = "modeling_maelm.py"
@@ -80,7 +80,8 @@ def check_exportable(trained: trained_model.TrainedModel) -> None:
     """
     unknown = sorted(
         set(hf_convert.unsupported_fields(trained.model_config))
-        | (set(trained.config.model.keys()) - hf_convert.REPRESENTED_FIELDS)
+        # keys of the stored config that this version's ModelConfig may not even have
+        | (set(json.loads(trained.config.source_json)["model"]) - hf_convert.REPRESENTED_FIELDS)
     )
     if unknown:
         raise ConfigError(
@@ -151,7 +152,7 @@ def _model_card(trained, hf_class: str, result_json: dict, remote_code: bool) ->
 - Objective: `{c.objective}` (decoder `{c.model.decoder}`), exported as `{hf_class}`.
 - Contents: {head}.
 - Trained {trained.step} steps of {c.batch_size} x {c.seq_len} tokens
-  ({tokens:,} token slots seen) on `{c.dataset}`.
+  ({tokens:,} token slots seen) on `{c.data.dataset}`.
 - Parity with the JAX model (float32, CPU, {len(PARITY_TEXTS)} padded sentences): max |diff|
   hidden {result_json["max_abs_diff_hidden"]:.3g}, logits {result_json["max_abs_diff_logits"]}.
 - Load: `AutoModel.from_pretrained(path{", " + load if load else ""})`,

@@ -32,16 +32,17 @@ import sys
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from absl import app, flags
 from ml_collections import config_flags
 
-from maelm_jax import compile as aot
-from maelm_jax.configuration import ConfigError
+from maelm_jax import configuration
+from maelm_jax.aot import compile_step as aot
+from maelm_jax.aot.topology import LibtpuMissingError, topology_devices
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count, loss
 from maelm_jax.model.masked_lm import init_inputs
+from maelm_jax.run_config import ConfigError, RunConfig
 from maelm_jax.training import optimizer, programs
 
 # method -> (objective, mask_rate, decoder, decoder layers, relative position buckets):
@@ -55,19 +56,22 @@ METHODS = {
 COLUMNS = (*flop_count.REGIONS, "other")
 
 
-def method_config(config: ml_collections.ConfigDict, method: str, mask_rate: float | None):
-    """`config`'s sizes, sequence and batch with `method`'s objective, masking and decoder;
+def method_config(run: RunConfig, method: str, mask_rate: float | None) -> RunConfig:
+    """`run`'s sizes, sequence and batch with `method`'s objective, masking and decoder;
     layers unrolled and no remat, so XLA counts every layer's model FLOPs once."""
     objective, rate, decoder, layers, buckets = METHODS[method]
-    c = aot.counting_config(config)
-    c.objective = objective
-    c.mask_rate = rate if mask_rate is None else mask_rate
-    c.model.decoder = decoder
-    c.model.num_decoder_layers = layers or 1  # unused by mlm, but validated
-    c.model.relative_attention_buckets = buckets
-    c.model.remat_policy = "none"
-    c.model.decoder_remat_policy = "none"
-    return c
+    return configuration.override(
+        aot.counting_config(run),
+        {
+            "objective": objective,
+            "mask_rate": rate if mask_rate is None else mask_rate,
+            "model.decoder": decoder,
+            "model.num_decoder_layers": layers or 1,  # unused by mlm, but validated
+            "model.relative_attention_buckets": buckets,
+            "model.remat_policy": "none",
+            "model.decoder_remat_policy": "none",
+        },
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,12 +123,12 @@ def _put(args, argnums, values):
     return args
 
 
-def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> dict:
+def region_programs(run: RunConfig, batch: int, device) -> dict:
     """{region: (fn, abstract args)}: each region's forward + backward at `batch` rows, with
-    the real modules and parameter shapes of `config`'s model."""
-    model, masking_cfg = programs.model_and_masking(config, config.vocab_size)
+    the real modules and parameter shapes of `run`'s model."""
+    model, masking_cfg = programs.model_and_masking(run, run.data.vocab_size)
     cfg = model.config
-    length, k = config.seq_len, masking_cfg.num_masked
+    length, k = run.seq_len, masking_cfg.num_masked
     tokens = length if cfg.objective == "mlm" else length - k
     params = nn.meta.unbox(
         jax.eval_shape(model.init, jax.random.PRNGKey(0), *init_inputs(length, k))["params"]
@@ -185,7 +189,7 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
             _shape((batch, k), jnp.float32, device),
         ),
     )
-    tx = optimizer.create_optimizer(config)
+    tx = optimizer.create_optimizer(run.optimizer)
     state, opt_state = on_device(params), on_device(jax.eval_shape(tx.init, params))
 
     def update(p, o, g):
@@ -196,9 +200,9 @@ def region_programs(config: ml_collections.ConfigDict, batch: int, device) -> di
     return regions
 
 
-def measure(config: ml_collections.ConfigDict, method: str, devices, mask_rate=None) -> Row:
+def measure(run: RunConfig, method: str, devices, mask_rate=None) -> Row:
     """One method's row: the whole step's XLA costs on `devices`, its regions on one."""
-    c = method_config(config, method, mask_rate)
+    c = method_config(run, method, mask_rate)
     options = aot.NO_WINDOWED_EINSUM if devices[0].platform == "tpu" else None
     compiled, oom, _, _ = aot.compile_step(c, devices, options)
     if compiled is None:
@@ -215,8 +219,8 @@ def measure(config: ml_collections.ConfigDict, method: str, devices, mask_rate=N
     analytic = flop_count.region_flops(c, flop_count.num_params(c))
     return Row(
         method=method,
-        mask_rate=c.mask_rate,
-        num_masked=round(c.mask_rate * c.seq_len),
+        mask_rate=c.masking.mask_rate,
+        num_masked=c.masking.num_masked,
         xla_regions=xla,
         analytic_regions=analytic,
         xla_total=total,
@@ -226,8 +230,8 @@ def measure(config: ml_collections.ConfigDict, method: str, devices, mask_rate=N
     )
 
 
-def table(config, devices, mask_rate=None, methods=tuple(METHODS)) -> list[Row]:
-    rows = [measure(config, m, devices, mask_rate) for m in methods]
+def table(run: RunConfig, devices, mask_rate=None, methods=tuple(METHODS)) -> list[Row]:
+    rows = [measure(run, m, devices, mask_rate) for m in methods]
     base = rows[0].xla_total
     return [dataclasses.replace(r, ratio_to_mlm=r.xla_total / base) for r in rows]
 
@@ -291,13 +295,13 @@ def main(argv):
         config.model.max_positions = max(config.model.max_positions, FLAGS.seq_len)
     try:
         if FLAGS.topology:
-            devices = aot.topology_devices(tpu_chips.parse(FLAGS.topology))
+            devices = topology_devices(tpu_chips.parse(FLAGS.topology))
             where = f"{FLAGS.topology} ({len(devices)} chips, compile-only)"
         else:
             devices = jax.devices("cpu")[:1]
             where = "1 local CPU device"
-        rows = table(config, devices, FLAGS.mask_rate)
-    except (ConfigError, aot.LibtpuMissingError) as e:
+        rows = table(configuration.freeze(config), devices, FLAGS.mask_rate)
+    except (ConfigError, LibtpuMissingError) as e:
         print(f"maelm_jax.flops: error: {e}", file=sys.stderr)
         sys.exit(2)
     m = config.model

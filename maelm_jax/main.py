@@ -5,7 +5,7 @@ Every host of a pod runs the same command. On a multi-host TPU/GPU system
 machine, as the tests do) give --coordinator_address, --num_processes and --process_id.
 
 Bad input is answered before the heavy modules (TensorFlow, Orbax, the model) load: the
-flags and config (`cli`), the config's values (`configuration.validate`), the workdir and its
+flags and config (`cli`), the config's values (`configuration.freeze`), the workdir and its
 lease (`workdir_lease`) are checked first, each failure one line and a non-zero exit.
 """
 
@@ -16,6 +16,7 @@ from ml_collections import config_flags
 from maelm_jax import cli, configuration
 from maelm_jax.checkpoints import workdir_lease
 from maelm_jax.hardware import multihost, platforms
+from maelm_jax.run_config import ConfigError, RunConfig
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -58,7 +59,7 @@ def _take_lease(workdir) -> workdir_lease.Lease | None:
     if jax.process_index() == 0:
         try:
             lease = workdir_lease.acquire(workdir)
-        except configuration.ConfigError as e:
+        except ConfigError as e:
             error = e
     multihost.raise_together(error, "taking the workdir lease")
     return lease
@@ -68,13 +69,13 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     platforms.skip_absent_tpu()
-    configuration.validate(FLAGS.config)
+    run = configuration.freeze(FLAGS.config)
     workdir_lease.check_workdir(FLAGS.workdir)
     initialize_distributed()
     lease = _take_lease(FLAGS.workdir)
     failure = None
     try:
-        failure = _run()
+        failure = _run(run)
     finally:
         if lease is not None:
             lease.release()
@@ -83,11 +84,11 @@ def main(argv):
         cli.exit_now(1, failure)
 
 
-def _run() -> str | None:
+def _run(run: RunConfig) -> str | None:
     """The run itself; returns the one line of an error the user can act on."""
     from clu import platform
 
-    from maelm_jax.checkpoints.checkpointing import (
+    from maelm_jax.checkpoints.save_errors import (
         CheckpointSaveError,
         silence_writes_after_a_failed_save,
     )
@@ -108,8 +109,8 @@ def _run() -> str | None:
     )
     platform.work_unit().create_artifact(platform.ArtifactType.DIRECTORY, FLAGS.workdir, "workdir")
     try:
-        train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except (configuration.ConfigError, train.NonFiniteLossError, CheckpointSaveError) as e:
+        train.train_and_evaluate(run, FLAGS.workdir)
+    except (ConfigError, train.NonFiniteLossError, CheckpointSaveError) as e:
         return str(e)
     return None
 

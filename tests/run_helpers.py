@@ -15,7 +15,8 @@ import time
 from etils import epath
 from tiny_configs import REPO_ROOT, run_flags
 
-from maelm_jax.checkpoints import checkpointing
+from maelm_jax import configuration
+from maelm_jax.checkpoints import manifest
 from maelm_jax.training import metric_logging, train
 
 
@@ -73,7 +74,7 @@ def finish(proc: subprocess.Popen, log_path, timeout=600) -> tuple[int, str]:
 
 def step_dirs(workdir) -> dict[int, epath.Path]:
     """{step: directory} of the numbered (not renamed, not temporary) checkpoint dirs."""
-    root = epath.Path(workdir) / checkpointing.CHECKPOINT_DIRNAME
+    root = epath.Path(workdir) / manifest.CHECKPOINT_DIRNAME
     if not root.exists():
         return {}
     return {int(p.name): p for p in root.iterdir() if p.name.isdigit()}
@@ -83,9 +84,7 @@ def committed_steps(workdir) -> list[int]:
     """Steps that Orbax committed and that carry the manifest: what a rerun may resume."""
     done = []
     for step, path in step_dirs(workdir).items():
-        if (path / checkpointing.ORBAX_COMMIT).exists() and (
-            path / checkpointing.MANIFEST
-        ).exists():
+        if (path / manifest.ORBAX_COMMIT).exists() and (path / manifest.MANIFEST).exists():
             done.append(step)
     return sorted(done)
 
@@ -93,7 +92,7 @@ def committed_steps(workdir) -> list[int]:
 def good_steps(workdir) -> list[int]:
     """Steps whose files all match their manifest."""
     dirs = step_dirs(workdir)
-    return sorted(s for s, path in dirs.items() if checkpointing.problem_with(path) is None)
+    return sorted(s for s, path in dirs.items() if manifest.problem_with(path) is None)
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, workdir, timeout=600) -> int:
@@ -128,6 +127,6 @@ def train_in_process(config, workdir) -> dict[int, float]:
     and returns {step: train/loss} of the lines *this* run appended to metrics.jsonl, so a
     resumed run shows where it started."""
     seen = len(_metric_lines(workdir))
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(configuration.freeze(config), workdir)
     new = _metric_lines(workdir)[seen:]
     return {row["step"]: row["train/loss"] for row in new if "train/loss" in row}

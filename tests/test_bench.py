@@ -5,6 +5,7 @@ import json
 
 from test_bad_input import run_command
 
+from maelm_jax import configuration
 from maelm_jax.model import flop_count
 
 ARGS = dict(seq_len=32, batch_size=2)
@@ -13,7 +14,8 @@ ARGS = dict(seq_len=32, batch_size=2)
 def expected_flops(name: str) -> float:
     config = importlib.import_module(f"configs.{name}").get_config()
     config.seq_len, config.batch_size = ARGS["seq_len"], ARGS["batch_size"]
-    return flop_count.step_flops(config, flop_count.num_params(config))
+    run = configuration.freeze(config)
+    return flop_count.step_flops(run, flop_count.num_params(run))
 
 
 def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():

@@ -28,12 +28,15 @@ from orbax.checkpoint._src.path import async_path  # a real Orbax coroutine
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax.checkpoints import checkpointing
+from maelm_jax import configuration
 from maelm_jax.checkpoints import integrity as checkpoint_integrity
-from maelm_jax.checkpoints.checkpointing import Checkpointer, NonFiniteStateError
-from maelm_jax.configuration import ConfigError
+from maelm_jax.checkpoints import manifest, save_errors
+from maelm_jax.checkpoints.checkpointing import Checkpointer
+from maelm_jax.checkpoints.params import load_params
+from maelm_jax.checkpoints.save_errors import NonFiniteStateError
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
+from maelm_jax.run_config import ConfigError
 from maelm_jax.training import metric_logging, programs, sharding, train
 
 STEPS = 32
@@ -179,7 +182,7 @@ def relative_paths(directory):
 
 
 def drop_commit_marker(step_dir):
-    (step_dir / checkpointing.ORBAX_COMMIT).unlink()
+    (step_dir / manifest.ORBAX_COMMIT).unlink()
     return "no commit_success.txt: the save never finished"
 
 
@@ -221,11 +224,11 @@ def overwrite_array_bytes(step_dir):
 def mismatch_integrity_record(step_dir):
     """Arrays that read back as other numbers than were saved, without a read error: the
     record (the manifest) and the bytes disagree, which only the record can reveal."""
-    manifest_path = step_dir / checkpointing.MANIFEST
-    manifest = json.loads(manifest_path.read_text())
-    name = sorted(n for n in manifest["arrays"] if n.startswith("params/"))[0]
-    manifest["arrays"][name] = [(v + 1) % 2**32 for v in manifest["arrays"][name]]
-    manifest_path.write_text(json.dumps(manifest))
+    manifest_path = step_dir / manifest.MANIFEST
+    record = json.loads(manifest_path.read_text())
+    name = sorted(n for n in record["arrays"] if n.startswith("params/"))[0]
+    record["arrays"][name] = [(v + 1) % 2**32 for v in record["arrays"][name]]
+    manifest_path.write_text(json.dumps(record))
     return f"array {name} does not match its integrity record"
 
 
@@ -315,14 +318,15 @@ def test_after_a_corrupt_checkpoint_the_rerun_trains_on_from_the_previous_one(
 
 
 def build(config, devices, vocab_size):
-    return programs.build(config, sharding.create_mesh(config, devices=devices), vocab_size)
+    run = configuration.freeze(config)
+    return programs.build(run, sharding.create_mesh(run.mesh, devices=devices), vocab_size)
 
 
 def restore(config, workdir, progs):
     """(state, data position) from the newest good checkpoint of `workdir`, onto `progs`'
     mesh, the way a resuming run calls it."""
     abstract = progs.abstract_state()
-    checkpointer = Checkpointer(config, workdir, tokenizer_of(workdir))
+    checkpointer = Checkpointer(configuration.freeze(config), workdir, tokenizer_of(workdir))
     try:
         with sharding.activate(progs.mesh, progs.rules):
             return checkpointer.restore_latest(abstract)
@@ -403,7 +407,7 @@ def test_a_different_architecture_is_an_error_naming_the_parameter(
         if way_in == "resume":
             restore(config, workdir, progs)
         else:
-            checkpointing.load_params(str(workdir), progs.abstract_state().params)
+            load_params(str(workdir), progs.abstract_state().params)
     found = _SHAPES.search(str(error.value))
     assert found, str(error.value)
     name = found.group("name")
@@ -514,7 +518,7 @@ def test_init_from_places_the_weights_in_this_runs_shardings(baseline, restored)
     source, _ = baseline
     other, _ = restored[8]
     _, progs = restored[2]
-    params = checkpointing.load_params(str(source), progs.abstract_state().params)
+    params = load_params(str(source), progs.abstract_state().params)
     assert_trees_equal(params, other.params, "params")
     for leaf, target in zip(
         jax.tree_util.tree_leaves(params),
@@ -592,7 +596,7 @@ def test_only_the_echoes_of_a_failed_save_are_silenced(monkeypatch, caplog, tmp_
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: reported.append(unraisable))
     asyncio_logger = logging.getLogger("asyncio")
     monkeypatch.setattr(asyncio_logger, "filters", list(asyncio_logger.filters))
-    checkpointing.silence_writes_after_a_failed_save()
+    save_errors.silence_writes_after_a_failed_save()
 
     closed_loop = asyncio.new_event_loop()
     closed_loop.close()
@@ -654,7 +658,9 @@ def test_a_state_that_is_not_finite_is_never_saved(corpus, baseline, restored, t
             state.params,
         )
     )
-    checkpointer = Checkpointer(run_config(corpus), tmp_path, tokenizer_of(baseline[0]))
+    checkpointer = Checkpointer(
+        configuration.freeze(run_config(corpus)), tmp_path, tokenizer_of(baseline[0])
+    )
     try:
         with pytest.raises(NonFiniteStateError, match="the state at step 33 has non-finite"):
             checkpointer.save(33, nan_state, {}, force=True)
@@ -672,16 +678,14 @@ def test_another_tokenizer_is_refused_on_resume_and_on_init_from(
     saved = tokenizer_of(baseline[0]).fingerprint
     _, progs = restored[8]
     workdir = copy_workdir(baseline[0], tmp_path / "run")
-    checkpointer = Checkpointer(run_config(corpus), workdir, other)
+    checkpointer = Checkpointer(configuration.freeze(run_config(corpus)), workdir, other)
     try:
         with sharding.activate(progs.mesh, progs.rules), pytest.raises(ConfigError) as resumed:
             checkpointer.restore_latest(progs.abstract_state())
     finally:
         checkpointer.close()
     with pytest.raises(ConfigError) as initialised:
-        checkpointing.load_params(
-            str(baseline[0]), progs.abstract_state().params, other.fingerprint
-        )
+        load_params(str(baseline[0]), progs.abstract_state().params, other.fingerprint)
     for error in (resumed.value, initialised.value):
         assert f"trained with tokenizer sha256 {saved} but this run's tokenizer" in str(error)
         assert f"is sha256 {other.fingerprint}" in str(error)

@@ -15,11 +15,13 @@ import sys
 import pytest
 from tiny_configs import tiny_config
 
-from maelm_jax import compile as aot
-from maelm_jax import configuration
-from maelm_jax.configuration import ConfigError
+from maelm_jax import compile as compile_command
+from maelm_jax import configuration, run_config
+from maelm_jax.aot import analyze, compile_step, max_batch, topology
+from maelm_jax.aot.report import format_report
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
+from maelm_jax.run_config import ConfigError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_libtpu = pytest.mark.skipif(
@@ -32,8 +34,8 @@ MODEL = dict(hidden_size=128, mlp_dim=512, num_layers=4)
 def hand_count_flops(c) -> float:
     """Matmul FLOPs of one MAE-LM training step (forward + backward = 3x forward)."""
     m, batch, length = c.model, c.batch_size, c.seq_len
-    k = configuration.num_masked(c.mask_rate, length)
-    vocab = configuration.padded_vocab_size(c.vocab_size)
+    k = run_config.num_masked(c.mask_rate, length)
+    vocab = run_config.padded_vocab_size(c.vocab_size)
     # Q, K, V, O and the MLP per token, plus scores and weighted values over t tokens.
     per_token = lambda t: (
         2 * (4 * m.hidden_size**2 + 2 * m.hidden_size * m.mlp_dim) + (4 * t * m.hidden_size)
@@ -91,7 +93,7 @@ def test_slice_names_map_to_cloud_tpu_shapes(name, libtpu_name, chips):
 def test_every_chip_kind_gets_compile_only_devices(name):
     """v5e and v6e have no chip_config_name; libtpu once got None for it and raised TypeError."""
     s = tpu_chips.parse(name)
-    devices = aot.topology_devices(s)
+    devices = topology.topology_devices(s)
     assert len(devices) == s.num_chips
     assert {d.platform for d in devices} == {"tpu"}
 
@@ -105,13 +107,13 @@ def test_unknown_slice_names_are_config_errors(name):
 def test_missing_libtpu_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
-    with pytest.raises(aot.LibtpuMissingError, match=r'pip install "jax\[tpu\]'):
-        aot.analyze(tiny_config(), "v5p-8")
+    with pytest.raises(topology.LibtpuMissingError, match=r'pip install "jax\[tpu\]'):
+        analyze.analyze(configuration.freeze(tiny_config()), "v5p-8")
 
 
 def test_cli_unknown_topology_is_one_line_error(tmp_path):
     result = run_cli(tmp_path, "--topology=v5p-63")
-    assert result.returncode == aot.EXIT_ERROR
+    assert result.returncode == compile_command.EXIT_ERROR
     errors = [line for line in result.stderr.splitlines() if "maelm_jax.compile: error" in line]
     assert len(errors) == 1 and "topology='v5p-63' is not allowed" in errors[0], result.stderr
 
@@ -142,7 +144,7 @@ def test_cli_json_reports_memory_and_unrolled_flops(tmp_path):
 @needs_libtpu
 def test_cli_step_that_does_not_fit_exits_nonzero(tmp_path):
     result = run_cli(tmp_path, "--topology=v5p-8", "--json", f"--config.batch_size={2**22}")
-    assert result.returncode == aot.EXIT_DOES_NOT_FIT, result.stderr[-3000:]
+    assert result.returncode == compile_command.EXIT_DOES_NOT_FIT, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["fits"] is False and "RESOURCE_EXHAUSTED" in report["oom_message"]
     assert report["memory_per_chip_bytes"] > report["hbm_per_chip_bytes"]
@@ -151,7 +153,9 @@ def test_cli_step_that_does_not_fit_exits_nonzero(tmp_path):
 
 @needs_libtpu
 def test_two_slices_build_a_hybrid_mesh():
-    report = aot.analyze(tiny_config(), "v5p-8", num_slices=2, flops="skip")
+    report = analyze.analyze(
+        configuration.freeze(tiny_config()), "v5p-8", num_slices=2, flops="skip"
+    )
     assert (report.num_devices, report.num_slices, report.fits) == (8, 2, True)
     assert report.mesh_shape == {"data": 2, "fsdp": 4, "tensor": 1}  # data over DCN
     assert report.memory.total >= report.memory.arguments > 0
@@ -161,33 +165,38 @@ def test_two_slices_build_a_hybrid_mesh():
 @needs_libtpu
 def test_max_batch_fits_and_its_double_does_not():
     config = tiny_config(**MODEL)
-    devices = aot.topology_devices(tpu_chips.parse("v5p-8"))
-    first = aot.analyze(config, "v5p-8", flops="skip", effort="full")  # the probes' kind
+    run = configuration.freeze(config)
+    devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
+    first = analyze.analyze(run, "v5p-8", flops="skip", effort="full")  # the probes' kind
     hbm = int(first.memory.total * 1.05)  # a bound that bites within a few batch units
-    found = aot.max_batch(config, devices, hbm, (config.batch_size, True, first.memory.total, True))
+    found = max_batch.max_batch(
+        run, devices, hbm, (config.batch_size, True, first.memory.total, True)
+    )
     assert found.unit == 4 and found.batch_size % found.unit == 0  # fsdp=4 shards the batch
     assert (found.batch_size, True) in {(b, ok) for b, ok, _ in found.probes}
     # Exact: the next multiple of the unit was probed and does not fit.
     assert (found.batch_size + found.unit, False) in {(b, ok) for b, ok, _ in found.probes}
     config.batch_size = 2 * found.batch_size
-    assert not aot.analyze(config, "v5p-8", flops="skip", hbm_bytes=hbm).fits
+    assert not analyze.analyze(
+        configuration.freeze(config), "v5p-8", flops="skip", hbm_bytes=hbm
+    ).fits
     # The line through two probes predicts the edge: a few compiles, not a bisection's ten.
     assert len(found.probes) <= 4, found.probes
 
 
 @needs_libtpu
 def test_a_fast_compile_near_the_limit_is_redone_at_full_effort():
-    config = tiny_config()
-    fast = aot.analyze(config, "v5p-8", flops="skip")
+    config = configuration.freeze(tiny_config())
+    fast = analyze.analyze(config, "v5p-8", flops="skip")
     assert (fast.effort, fast.fast_memory_per_chip_bytes) == ("fast", None)
-    assert fast.memory.total < aot.CONFIRM_SHARE * fast.hbm_per_chip_bytes
+    assert fast.memory.total < analyze.CONFIRM_SHARE * fast.hbm_per_chip_bytes
     # HBM such that the fast total is 90% of it: the verdict must come from a full compile.
-    near = aot.analyze(config, "v5p-8", flops="skip", hbm_bytes=int(fast.memory.total / 0.9))
+    near = analyze.analyze(config, "v5p-8", flops="skip", hbm_bytes=int(fast.memory.total / 0.9))
     assert (near.effort, near.fast_memory_per_chip_bytes) == ("full", fast.memory.total)
     assert near.memory_per_chip_bytes == near.memory.total and near.compile_seconds > 0
-    assert "fast, then full" in aot.format_report(near)
+    assert "fast, then full" in format_report(near)
     with pytest.raises(ConfigError, match="effort='quick' is not allowed"):
-        aot.analyze(config, "v5p-8", effort="quick")
+        analyze.analyze(config, "v5p-8", effort="quick")
 
 
 HLO = """
@@ -208,4 +217,4 @@ ENTRY %main (p: f32[2,2]) -> f32[2,2] {
 
 
 def test_only_loops_that_reach_a_matmul_count_as_undercounting():
-    assert aot.matmul_loops(HLO) == 1
+    assert compile_step.matmul_loops(HLO) == 1

@@ -5,9 +5,9 @@ import collections
 import pytest
 from text_corpora import data_config, sample_corpus
 
-from maelm_jax.configuration import ConfigError
 from maelm_jax.data import default_corpus
 from maelm_jax.data.documents import documents_fn, read_documents
+from maelm_jax.run_config import ConfigError
 
 
 @pytest.fixture(scope="module")

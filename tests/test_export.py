@@ -14,10 +14,10 @@ from etils import epath
 from tiny_configs import REPO_ROOT
 
 from maelm_jax import export
-from maelm_jax.checkpoints import checkpointing
-from maelm_jax.configuration import ConfigError
+from maelm_jax.checkpoints import manifest
 from maelm_jax.inspection import trained_model
 from maelm_jax.model.attention import relative_position_buckets
+from maelm_jax.run_config import ConfigError
 
 EXPECTED_CLASS = {"mlm": "RobertaForMaskedLM", "mae_lm": "MaelmModel", "3ml_cross": "RobertaModel"}
 SAMPLE_TEXTS = (
@@ -163,10 +163,10 @@ def _rewrite_config(step_dir: epath.Path, edit) -> None:
     config = json.loads(path.read_text())
     edit(config)
     path.write_text(json.dumps(config))
-    manifest = json.loads((step_dir / checkpointing.MANIFEST).read_text())
-    manifest["files"]["config/metadata"] = path.stat().length
-    manifest["sha256"]["config/metadata"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    (step_dir / checkpointing.MANIFEST).write_text(json.dumps(manifest))
+    record = json.loads((step_dir / manifest.MANIFEST).read_text())
+    record["files"]["config/metadata"] = path.stat().length
+    record["sha256"]["config/metadata"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (step_dir / manifest.MANIFEST).write_text(json.dumps(record))
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import jax
 import pytest
 from tiny_configs import tiny_config
 
-from maelm_jax import flops
+from maelm_jax import configuration, flops
 from maelm_jax.model import flop_count
 
 # Wide enough that matmuls dominate and deep enough (6 encoder layers to the paper decoders'
@@ -17,7 +17,8 @@ MODEL = dict(hidden_size=64, mlp_dim=256, num_layers=6, seq_len=32)
 def rows():
     config = tiny_config(**MODEL)
     methods = ("mlm", "3ml_self", "3ml_cross")
-    return {r.method: r for r in flops.table(config, jax.devices()[:1], 0.5, methods)}
+    run = configuration.freeze(config)
+    return {r.method: r for r in flops.table(run, jax.devices()[:1], 0.5, methods)}
 
 
 def test_masked_encoders_save_flops_in_the_expected_order(rows):
@@ -66,5 +67,5 @@ def test_blocked_attention_and_lm_head_count_the_same(rows):
     config = tiny_config(**MODEL)
     config.model.attention_query_chunk = 8
     config.model.lm_head_chunk = 4  # 16 masked slots at 50%: 4 blocks
-    (blocked,) = flops.table(config, jax.devices()[:1], 0.5, ("3ml_self",))
+    (blocked,) = flops.table(configuration.freeze(config), jax.devices()[:1], 0.5, ("3ml_self",))
     assert blocked.xla_total == pytest.approx(rows["3ml_self"].xla_total, rel=1e-6)

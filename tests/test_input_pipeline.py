@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from text_corpora import data_config, sample_corpus, sample_document, write_corpus
 
-from maelm_jax.configuration import ConfigError
 from maelm_jax.data import tokenizer as tok
 from maelm_jax.data.documents import documents_fn, read_documents
 from maelm_jax.data.input_pipeline import create_datasets
 from maelm_jax.data.packing import CACHE_DIRNAME
+from maelm_jax.run_config import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -435,8 +435,9 @@ def expected_params(cfg, vocab=32768):
 )
 def test_paper_config_parameter_counts(config_module):
     cfg = config_module.get_config()
-    model = MaskedLM(configuration.model_config(cfg, cfg.vocab_size), pad_id=PAD_ID)
-    k = configuration.num_masked(cfg.mask_rate, cfg.seq_len)
+    run = configuration.freeze(cfg)
+    model = MaskedLM(run.model, pad_id=PAD_ID)
+    k = run.masking.num_masked
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), *init_inputs(cfg.seq_len, k))
     assert count_params(nn.unbox(shapes["params"])) == expected_params(cfg)
 

@@ -21,11 +21,13 @@ from process_runs import DEVICES_PER_PROCESS, ProcessResult, describe, run_main
 from text_corpora import sample_document, write_corpus
 from tiny_configs import run_flags, tiny_run_config
 
-from maelm_jax.checkpoints import checkpointing
+from maelm_jax import configuration
+from maelm_jax.checkpoints import checkpointing, manifest
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.documents import _held_out, read_documents
 from maelm_jax.data.packing import CACHE_DIRNAME, pack_documents
+from maelm_jax.run_config import RunConfig
 from maelm_jax.training import metric_logging, programs, sharding, train
 
 STEPS = 8
@@ -39,6 +41,10 @@ class Run:
     config: ml_collections.ConfigDict
     workdir: pathlib.Path
     results: list[ProcessResult]
+
+    @property
+    def frozen(self) -> RunConfig:
+        return configuration.freeze(self.config)
 
 
 def _config(dataset: str, **overrides):
@@ -90,7 +96,8 @@ def caches(run):
 @pytest.fixture(scope="module")
 def progs(run, tokenizer):
     """The run's programs in this pytest process: 1 process, 8 devices."""
-    return programs.build(run.config, sharding.create_mesh(run.config), tokenizer.vocab_size)
+    frozen = run.frozen
+    return programs.build(frozen, sharding.create_mesh(frozen.mesh), tokenizer.vocab_size)
 
 
 def _logged_rows(log: str) -> dict[int, dict[str, str]]:
@@ -105,7 +112,7 @@ def _logged_rows(log: str) -> dict[int, dict[str, str]]:
 
 def _saved_state(workdir, step: int) -> dict:
     """The checkpoint's whole state as host numpy arrays, read without any target sharding."""
-    path = workdir / checkpointing.CHECKPOINT_DIRNAME / str(step) / "state"
+    path = workdir / manifest.CHECKPOINT_DIRNAME / str(step) / "state"
     checkpointer = ocp.PyTreeCheckpointer()
     tree = checkpointer.metadata(path).item_metadata.tree
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
@@ -145,8 +152,10 @@ def test_both_processes_log_the_same_losses(run):
 
 
 def test_each_process_caches_only_its_document_share(run, caches, tokenizer):
-    shares = [list(read_documents(run.config, "train", p, PROCESSES)) for p in range(PROCESSES)]
-    everything = list(read_documents(run.config, "train", 0, 1))
+    shares = [
+        list(read_documents(run.frozen.data, "train", p, PROCESSES)) for p in range(PROCESSES)
+    ]
+    everything = list(read_documents(run.frozen.data, "train", 0, 1))
     assert all(shares)
     assert set(shares[0]).isdisjoint(shares[1])
     assert sorted(shares[0] + shares[1]) == sorted(everything)
@@ -165,7 +174,7 @@ def test_each_process_reads_half_of_every_batch_from_its_own_cache(run, caches):
             assert rows.shape == (local, run.config.seq_len)
             assert _row_set(rows) <= own[p], (p, step)
     # The checkpoint records every process's position: half the batch per step, its blocks.
-    data_dir = run.workdir / checkpointing.CHECKPOINT_DIRNAME / str(STEPS) / "data"
+    data_dir = run.workdir / manifest.CHECKPOINT_DIRNAME / str(STEPS) / "data"
     saved = json.loads((data_dir / "metadata").read_text())
     assert saved == {
         "process_count": PROCESSES,
@@ -200,7 +209,7 @@ def test_the_first_step_trained_on_both_halves(run, caches, progs):
 
 def test_one_process_restores_the_two_process_checkpoint(run, tokenizer, progs):
     abstract = progs.abstract_state()
-    checkpointer = checkpointing.Checkpointer(run.config, run.workdir, tokenizer)
+    checkpointer = checkpointing.Checkpointer(run.frozen, run.workdir, tokenizer)
     try:
         with sharding.activate(progs.mesh, progs.rules):
             state, data = checkpointer.restore_latest(abstract)
@@ -229,13 +238,13 @@ def test_unchanged_processes_resume_without_an_input_pipeline_warning(
     warning is due; with another share of blocks (another process count), one is."""
     blocks = [len(caches[p]) for p in range(PROCESSES)]
     for blocks_now, warned in ((blocks, False), ([blocks[0] + 1, blocks[1]], True)):
-        position = functools.partial(train._data_position, run.config, blocks_now)
-        checkpointer = checkpointing.Checkpointer(run.config, run.workdir, tokenizer)
+        position = functools.partial(train._data_position, run.frozen, blocks_now)
+        checkpointer = checkpointing.Checkpointer(run.frozen, run.workdir, tokenizer)
         caplog.clear()
         try:
             with caplog.at_level("WARNING"):
                 state = train._restore_or_initialize(
-                    run.config, progs, checkpointer, position, tokenizer
+                    run.frozen, progs, checkpointer, position, tokenizer
                 )
         finally:
             checkpointer.close()
@@ -267,8 +276,8 @@ def test_cli_resumes_the_two_process_checkpoint_in_one_process(run, tmp_path):
     metrics = metric_logging.read_metrics(workdir)
     # Trained weights, not a fresh start: the loss continues from where the run stopped.
     assert metrics[STEPS + 1]["train/loss"] < metrics[1]["train/loss"] - 0.2, metrics
-    final = workdir / checkpointing.CHECKPOINT_DIRNAME / str(STEPS + 2)
-    assert checkpointing.problem_with(epath.Path(final)) is None
+    final = workdir / manifest.CHECKPOINT_DIRNAME / str(STEPS + 2)
+    assert manifest.problem_with(epath.Path(final)) is None
     assert int(_saved_state(workdir, STEPS + 2)["step"]) == STEPS + 2
 
 
@@ -311,7 +320,7 @@ def test_bad_config_stops_every_process_with_one_line(
         last_line = result.stderr.strip().splitlines()[-1]
         assert last_line.startswith(f"maelm_jax: error: {message}"), describe(results)
         assert "Traceback" not in result.stderr
-    assert not (workdir / checkpointing.CHECKPOINT_DIRNAME).exists()
+    assert not (workdir / manifest.CHECKPOINT_DIRNAME).exists()
 
 
 def test_input_error_on_one_process_stops_every_process(tmp_path):
@@ -321,8 +330,9 @@ def test_input_error_on_one_process_stops_every_process(tmp_path):
     kept = [d for d in docs if not _held_out(d, 0.1)][: len(held)]
     interleaved = [doc for pair in zip(kept, held, strict=True) for doc in pair]
     config = _config(write_corpus(tmp_path / "corpus", interleaved, files=1))
-    assert list(read_documents(config, "train", 1, PROCESSES)) == []
-    assert list(read_documents(config, "train", 0, PROCESSES))
+    data = configuration.freeze(config).data
+    assert list(read_documents(data, "train", 1, PROCESSES)) == []
+    assert list(read_documents(data, "train", 0, PROCESSES))
     results = run_main(
         [f"--workdir={tmp_path / 'run'}", *run_flags(config)],
         num_processes=PROCESSES,

@@ -16,9 +16,8 @@ import pytest
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
-from maelm_jax import prepare_data
-from maelm_jax.configuration import data_config
-from maelm_jax.data import prepared
+from maelm_jax import configuration, prepare_data
+from maelm_jax.data import preparation, prepared
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.packing import pack_documents
 from maelm_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
@@ -42,6 +41,10 @@ def _files(directory) -> dict[str, int]:
     }
 
 
+def data_config(config):
+    return configuration.freeze(config).data
+
+
 def _check_statistics(report: dict, config) -> None:
     """The report against an independent count with the stored tokenizer and the packer."""
     tokenizer = Tokenizer.from_path(report["tokenizer"])
@@ -58,7 +61,7 @@ def _check_statistics(report: dict, config) -> None:
 
 def test_text_glob_is_prepared_once(corpus, tmp_path):
     config = data_config(tiny_run_config(corpus, data_dir=str(tmp_path), vocab_size=VOCAB))
-    report = prepare_data.prepare(config)
+    report = preparation.prepare(config)
     assert report["built"]
     directory = prepared.directory(config)
     assert report["prepared_dir"] == str(directory)
@@ -70,7 +73,7 @@ def test_text_glob_is_prepared_once(corpus, tmp_path):
     assert f"blocks of {config.seq_len}" in table and "bits/token" in table
 
     before = _files(tmp_path)
-    again = prepare_data.prepare(config)
+    again = preparation.prepare(config)
     assert not again["built"]
     assert _files(tmp_path) == before  # nothing rewritten, nothing added
     assert {k: v for k, v in again.items() if k != "built"} == {
@@ -122,14 +125,14 @@ def test_two_processes_at_once_build_it_once_on_the_embedded_corpus(tmp_path_fac
 def test_training_on_prepared_data_through_file_urls_builds_nothing(corpus, tmp_path, caplog):
     data_dir, workdir = tmp_path / "data", tmp_path / "work"
     overrides = dict(vocab_size=VOCAB, num_train_steps=1, eval_batches=0)
-    ready = prepare_data.prepare(
+    ready = preparation.prepare(
         data_config(tiny_run_config(corpus, data_dir=str(data_dir), **overrides))
     )
     caplog.set_level(logging.INFO)
     config = tiny_run_config(
         corpus, data_dir=f"file://{data_dir}", checkpoint_every_steps=1, **overrides
     )
-    train.train_and_evaluate(config, f"file://{workdir}")
+    train.train_and_evaluate(configuration.freeze(config), f"file://{workdir}")
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("Using the prepared tokenizer") for m in messages)
     assert not any(m.startswith("Trained a") for m in messages)  # no tokenizer training
@@ -142,7 +145,9 @@ def test_training_on_prepared_data_through_file_urls_builds_nothing(corpus, tmp_
 
 def test_each_host_reads_only_its_text_files(tmp_path):
     docs = [sample_document(i) for i in range(30)]
-    config = tiny_run_config(write_corpus(tmp_path, docs, files=3), eval_holdout_fraction=0.0)
+    config = data_config(
+        tiny_run_config(write_corpus(tmp_path, docs, files=3), eval_holdout_fraction=0.0)
+    )
     per_file = [docs[0:10], docs[10:20], docs[20:30]]
     shares = [list(read_documents(config, "train", i, 2)) for i in range(2)]
     assert shares == [per_file[0] + per_file[2], per_file[1]]

@@ -6,8 +6,9 @@ import pytest
 import sentencepiece as spm
 
 from configs import default
-from maelm_jax.configuration import ConfigError
+from maelm_jax import configuration
 from maelm_jax.data import tokenizer as tok
+from maelm_jax.run_config import ConfigError
 
 TEXTS = [
     "The river runs past the old mill and under the stone bridge.",
@@ -27,6 +28,11 @@ VOCAB = 400
 @pytest.fixture(scope="module")
 def model() -> bytes:
     return tok.train(TEXTS, VOCAB)
+
+
+def data(config):
+    """The run's DataConfig, as `train_and_evaluate` hands it to the tokenizer."""
+    return configuration.freeze(config).data
 
 
 @pytest.fixture
@@ -149,14 +155,14 @@ def test_load_or_train_trains_once_then_reuses_the_workdir_model(config, tmp_pat
         calls.append(1)
         return iter(TEXTS)
 
-    first = tok.load_or_train(config, tmp_path, documents)
+    first = tok.load_or_train(data(config), tmp_path, documents)
     assert calls == [1]
     assert sorted(p.name for p in tmp_path.iterdir()) == [tok.MODEL_FILENAME]  # no temp left
 
     def must_not_read():
         raise AssertionError("a resumed run must reuse WORKDIR/tokenizer.model")
 
-    resumed = tok.load_or_train(config, tmp_path, must_not_read)
+    resumed = tok.load_or_train(data(config), tmp_path, must_not_read)
     assert resumed.serialized() == first.serialized()
 
 
@@ -167,7 +173,7 @@ def test_load_or_train_reads_at_most_tokenizer_train_documents(config, tmp_path)
         yield from TEXTS[:4]
         raise AssertionError("read past tokenizer_train_documents")
 
-    t = tok.load_or_train(config, tmp_path, documents)
+    t = tok.load_or_train(data(config), tmp_path, documents)
     assert t.decode(t.encode(TEXTS[1])) == TEXTS[1]
 
 
@@ -175,7 +181,7 @@ def test_load_or_train_prefers_vocab_path(config, model, tmp_path):
     path = tmp_path / "given.model"
     path.write_bytes(model)
     config.vocab_path = str(path)
-    t = tok.load_or_train(config, tmp_path / "workdir", lambda: pytest.fail("trained anyway"))
+    t = tok.load_or_train(data(config), tmp_path / "workdir", lambda: pytest.fail("trained anyway"))
     assert t.serialized() == model
     assert not (tmp_path / "workdir" / tok.MODEL_FILENAME).exists()
 
@@ -183,14 +189,14 @@ def test_load_or_train_prefers_vocab_path(config, model, tmp_path):
 def test_missing_vocab_path_is_a_config_error(config, tmp_path):
     config.vocab_path = str(tmp_path / "nowhere.model")
     with pytest.raises(ConfigError, match=r"nowhere\.model"):
-        tok.load_or_train(config, tmp_path, lambda: iter(TEXTS))
+        tok.load_or_train(data(config), tmp_path, lambda: iter(TEXTS))
 
 
 def test_vocab_path_that_is_not_a_model_is_a_config_error(config, tmp_path):
     config.vocab_path = str(tmp_path / "junk.model")
     (tmp_path / "junk.model").write_bytes(b"not a model")
     with pytest.raises(ConfigError, match=r"junk\.model: not a SentencePiece model"):
-        tok.load_or_train(config, tmp_path, lambda: iter(TEXTS))
+        tok.load_or_train(data(config), tmp_path, lambda: iter(TEXTS))
 
 
 def test_too_small_vocab_is_a_config_error():

@@ -6,6 +6,7 @@ Shared by the document and create_datasets tests; the fixtures stay in the test 
 import numpy as np
 
 from configs import default
+from maelm_jax import configuration
 
 NOUNS = ("river", "stone", "garden", "window", "letter", "morning", "harbor", "lantern", "road")
 ADJECTIVES = ("quiet", "old", "narrow", "silver", "bright", "distant", "gentle", "cold", "green")
@@ -42,7 +43,7 @@ def sample_corpus(root):
 
 
 def data_config(dataset, **overrides):
-    """The default config with tiny blocks and batches, reading `dataset`."""
+    """The default config's DataConfig with tiny blocks and batches, reading `dataset`."""
     c = default.get_config()
     c.dataset = dataset
     c.seq_len = 16
@@ -51,4 +52,4 @@ def data_config(dataset, **overrides):
     c.eval_holdout_fraction = 0.25
     for key, value in overrides.items():
         c[key] = value
-    return c
+    return configuration.freeze(c).data

@@ -38,8 +38,8 @@ def tiny_config(objective="mae_lm", decoder="self", seq_len=32, **model_override
 
 def frozen(c, vocab=VOCAB):
     """(ModelConfig, MaskingConfig) for a tiny config with the project's special ids."""
-    return configuration.model_config(c, vocab), configuration.masking_config(
-        c,
+    run = configuration.freeze(c)
+    return run.model.for_vocab(vocab), run.masking.for_tokenizer(
         vocab_size=vocab,
         mask_id=MASK_ID,
         pad_id=PAD_ID,

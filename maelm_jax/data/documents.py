@@ -1,7 +1,6 @@
 """The documents a process reads: its share of the corpus, with eval held out.
 
-Sources, by `DataConfig.dataset` (`configuration.data_config`; every entry point also takes the
-run's ConfigDict and freezes it first):
+Sources, by `DataConfig.dataset` (the run's `RunConfig.data`):
 
 * a TFDS name ("wikipedia/20230601.en"): read from `config.data_dir`, already prepared;
 * "text:<glob>": local or gs:// text files, documents separated by blank lines; each process
@@ -26,8 +25,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from jax.experimental import multihost_utils
 
-from maelm_jax.configuration import ConfigError, DataConfig, data_config
 from maelm_jax.data import default_corpus
+from maelm_jax.run_config import ConfigError, DataConfig
 
 TEXT_PREFIX = "text:"
 SPLIT_KINDS = ("train", "eval")
@@ -197,7 +196,6 @@ def read_documents(
     Shares of different processes are disjoint and together cover the split. Raises
     ConfigError now (not at the first `next`) for an unknown dataset, split or glob.
     """
-    config = data_config(config)
     if split_kind not in SPLIT_KINDS:
         raise ValueError(f"split_kind={split_kind!r}; use one of {SPLIT_KINDS}")
     if not 0 <= process_index < process_count:
@@ -219,7 +217,6 @@ def prepare_dataset(config: DataConfig, process_index: int) -> None:
     """Prepares the embedded corpus if `config.dataset` is it. Collective: every process
     calls it; process 0 prepares first, so processes sharing a data_dir never race, and the
     others then prepare their own copy only if their data_dir is not shared."""
-    config = data_config(config)
     if config.dataset != default_corpus.NAME:
         return
     if process_index == 0:
@@ -233,7 +230,6 @@ def documents_fn(config: DataConfig, process_index: int) -> Callable[[], Iterato
     """What `tokenizer.load_or_train` trains on: all training documents (eval held out), as
     one process reads them. Collective (it prepares the dataset); the returned function is
     called by process 0 alone."""
-    config = data_config(config)
     prepare_dataset(config, process_index)
 
     def documents() -> Iterator[str]:

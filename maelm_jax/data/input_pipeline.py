@@ -12,11 +12,11 @@ import os
 import numpy as np
 from absl import logging
 
-from maelm_jax.configuration import ConfigError, DataConfig, data_config
 from maelm_jax.data.batches import TrainBatches, eval_batches
 from maelm_jax.data.documents import prepare_dataset
 from maelm_jax.data.packing import packed_blocks
 from maelm_jax.data.tokenizer import PAD_ID, Tokenizer
+from maelm_jax.run_config import ConfigError, DataConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,6 @@ class Datasets:
 
 def local_batch_size(config: DataConfig, process_count: int) -> int:
     """Rows per process; ConfigError unless `config.batch_size` splits evenly."""
-    config = data_config(config)
     if config.batch_size % process_count:
         raise ConfigError(
             f"batch_size={config.batch_size} is not divisible by the process count "
@@ -55,9 +54,7 @@ def create_datasets(
     process_count: int,
 ) -> Datasets:
     """Reads, tokenizes, packs and caches this process's share, once per workdir; a resumed
-    run loads the cache. Collective: every process calls it (it may prepare the dataset).
-    `config` is the run's DataConfig (a ConfigDict is frozen into one first)."""
-    config = data_config(config)
+    run loads the cache. Collective: every process calls it (it may prepare the dataset)."""
     batch_size = local_batch_size(config, process_count)
     if not config.eval_split and config.eval_batches > 0 and config.eval_holdout_fraction <= 0:
         raise ConfigError(

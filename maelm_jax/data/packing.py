@@ -17,9 +17,9 @@ from absl import logging
 from etils import epath
 
 from maelm_jax import paths
-from maelm_jax.configuration import DataConfig, data_config
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from maelm_jax.run_config import DataConfig
 
 CACHE_DIRNAME = "data_cache"
 # Bump when the packing or the cache layout changes. 2: corpus text no longer encodes to
@@ -133,7 +133,6 @@ def packed_blocks(
     The cache is keyed by everything that changes the blocks except the source's content:
     a workdir trusts its corpus not to change under it.
     """
-    config = data_config(config)
     key = {
         "format": _CACHE_FORMAT,
         "dataset": config.dataset,

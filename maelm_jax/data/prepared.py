@@ -24,7 +24,7 @@ from absl import logging
 from etils import epath
 
 from maelm_jax import paths
-from maelm_jax.configuration import DataConfig
+from maelm_jax.run_config import DataConfig
 
 DIRNAME = "maelm_jax_prepared"
 TOKENIZER_FILENAME = "tokenizer.model"

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import jax
-import ml_collections
 import sentencepiece as spm
 from absl import logging
 from etils import epath
@@ -39,9 +38,9 @@ from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
 from maelm_jax import paths
-from maelm_jax.configuration import ConfigError, data_config
 from maelm_jax.data import prepared
 from maelm_jax.hardware import multihost
+from maelm_jax.run_config import ConfigError, DataConfig
 
 BOS_ID = 0
 PAD_ID = 1
@@ -241,7 +240,7 @@ def train(texts: Iterable[str], vocab_size: int) -> bytes:
 
 
 def load_or_train(
-    config: ml_collections.ConfigDict,
+    config: DataConfig,
     workdir: str | os.PathLike,
     documents_fn: Callable[[], Iterable[str]],
 ) -> Tokenizer:
@@ -270,7 +269,7 @@ def load_or_train(
         return Tokenizer.from_path(path)
 
     path = paths.path(workdir) / MODEL_FILENAME
-    ready = prepared.tokenizer_path(data_config(config))
+    ready = prepared.tokenizer_path(config)
     if jax.process_index() == 0 and not path.exists() and ready.exists():
         prepared.write_atomically(path, ready.read_bytes())
         logging.info("Using the prepared tokenizer %s (copied to %s)", ready, path)

@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax.configuration import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.remat import saved
+from maelm_jax.run_config import ModelConfig
 
 
 class MultiHeadAttention(nn.Module):

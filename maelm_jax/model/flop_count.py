@@ -27,11 +27,9 @@ model's, and is not counted (`maelm_jax.compile` reports what the chips execute)
 import dataclasses
 
 import jax
-import ml_collections
 
-from maelm_jax import configuration
-from maelm_jax.model.masked_lm import count_params, init_inputs
-from maelm_jax.training import programs
+from maelm_jax.model.masked_lm import MaskedLM, count_params, init_inputs
+from maelm_jax.run_config import RunConfig
 
 REGIONS = ("embedding", "encoder", "decoder", "lm_head", "optimizer")
 FORWARD_BACKWARD = 3
@@ -60,19 +58,19 @@ class Shape:
     vocab: int
 
     @classmethod
-    def of(cls, config: ml_collections.ConfigDict) -> "Shape":
-        m = config.model
+    def of(cls, run: RunConfig) -> "Shape":
+        m = run.model
         return cls(
-            objective=config.objective,
+            objective=run.objective,
             decoder=m.decoder,
-            batch=config.batch_size,
-            seq_len=config.seq_len,
-            num_masked=configuration.num_masked(config.mask_rate, config.seq_len),
+            batch=run.batch_size,
+            seq_len=run.seq_len,
+            num_masked=run.masking.num_masked,
             num_layers=m.num_layers,
-            num_decoder_layers=m.num_decoder_layers if config.objective == "mae_lm" else 0,
+            num_decoder_layers=m.num_decoder_layers,  # 0 for mlm
             hidden=m.hidden_size,
             mlp=m.mlp_dim,
-            vocab=configuration.padded_vocab_size(config.vocab_size),
+            vocab=m.vocab_size,
         )
 
     @property
@@ -94,10 +92,10 @@ def cross_layer_forward(s: Shape) -> float:
     return self_attention + cross + 2 * k * 2 * e * s.mlp
 
 
-def region_flops(config: ml_collections.ConfigDict, num_params: int) -> dict[str, float]:
-    """{region: FLOPs per optimizer step} for `config`'s global batch; `num_params` sizes
-    the optimizer (e.g. `model.count_params` of the initialised parameters)."""
-    s = Shape.of(config)
+def region_flops(run: RunConfig, num_params: int) -> dict[str, float]:
+    """{region: FLOPs per optimizer step} for `run`'s global batch; `num_params` sizes the
+    optimizer (e.g. `masked_lm.count_params` of the initialised parameters)."""
+    s = Shape.of(run)
     t = s.encoder_tokens
     encoder = s.num_layers * layer_forward(s, t, t)
     if s.num_decoder_layers == 0:
@@ -113,15 +111,13 @@ def region_flops(config: ml_collections.ConfigDict, num_params: int) -> dict[str
     return out
 
 
-def step_flops(config: ml_collections.ConfigDict, num_params: int) -> float:
+def step_flops(run: RunConfig, num_params: int) -> float:
     """Analytic FLOPs of one optimizer step (all regions, global batch)."""
-    return sum(region_flops(config, num_params).values())
+    return sum(region_flops(run, num_params).values())
 
 
-def num_params(config: ml_collections.ConfigDict) -> int:
-    """Parameters of `config`'s model, from shapes alone (nothing is allocated)."""
-    model, masking_cfg = programs.model_and_masking(config, config.vocab_size)
-    shapes = jax.eval_shape(
-        model.init, jax.random.PRNGKey(0), *init_inputs(config.seq_len, masking_cfg.num_masked)
-    )
-    return count_params(shapes["params"])
+def num_params(run: RunConfig) -> int:
+    """Parameters of `run`'s model, from shapes alone (nothing is allocated)."""
+    model = MaskedLM(run.model, pad_id=0)  # special ids shape no parameter
+    inputs = init_inputs(run.seq_len, run.masking.num_masked)
+    return count_params(jax.eval_shape(model.init, jax.random.PRNGKey(0), *inputs)["params"])

@@ -17,10 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.configuration import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.attention import RelativePositionBias
 from maelm_jax.model.transformer import CrossDecoderBlock, EncoderBlock, apply_layers, layer_norm
+from maelm_jax.run_config import ModelConfig
 
 
 def gather_positions(x, idx):

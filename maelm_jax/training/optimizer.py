@@ -7,11 +7,12 @@ off, like fairseq's `--clip-norm 0` (RoBERTa's recipe).
 """
 
 import jax
-import ml_collections
 import optax
 
+from maelm_jax.run_config import OptimizerConfig
 
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
     """0 -> learning_rate over warmup_steps, then linearly to 0 at num_train_steps."""
     warmup = max(1, min(config.warmup_steps, config.num_train_steps))
     decay = max(1, config.num_train_steps - warmup)
@@ -35,7 +36,7 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def create_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
     clip = optax.identity()
     if config.max_grad_norm > 0:
         clip = optax.clip_by_global_norm(config.max_grad_norm)

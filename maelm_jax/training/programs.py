@@ -11,13 +11,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from maelm_jax import configuration
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 from maelm_jax.model.masked_lm import MaskedLM
+from maelm_jax.run_config import MaskingConfig, ModelConfig, RunConfig
 from maelm_jax.training import optimizer, sharding, train_state, train_step
 
 
@@ -26,8 +25,8 @@ class Programs:
     mesh: Mesh
     rules: tuple
     model: MaskedLM
-    model_cfg: configuration.ModelConfig
-    masking_cfg: configuration.MaskingConfig
+    model_cfg: ModelConfig
+    masking_cfg: MaskingConfig
     tx: optax.GradientTransformation
     init_fn: Any  # rng -> boxed TrainState
     boxed_state: train_state.TrainState  # abstract: shapes + logical axes
@@ -52,13 +51,10 @@ class Programs:
             return train_state.initialize(self.init_fn, rng, self.state_shardings)
 
 
-def model_and_masking(
-    config: ml_collections.ConfigDict, vocab_size: int
-) -> tuple[MaskedLM, configuration.MaskingConfig]:
+def model_and_masking(run: RunConfig, vocab_size: int) -> tuple[MaskedLM, MaskingConfig]:
     """The model and its masking for a tokenizer of `vocab_size` pieces (the project's fixed
     special-id layout); no mesh involved."""
-    masking_cfg = configuration.masking_config(
-        config,
+    masking_cfg = run.masking.for_tokenizer(
         vocab_size=vocab_size,
         mask_id=MASK_ID,
         pad_id=PAD_ID,
@@ -66,23 +62,22 @@ def model_and_masking(
         special_ids=(BOS_ID, PAD_ID, EOS_ID),
         first_regular_id=FIRST_REGULAR_ID,
     )
-    model_cfg = configuration.model_config(config, vocab_size)
+    model_cfg = run.model.for_vocab(vocab_size)
     return MaskedLM(model_cfg, pad_id=PAD_ID, mask_id=MASK_ID), masking_cfg
 
 
-def build(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int) -> Programs:
-    """Everything a run needs before data arrives; validates the config against the mesh.
+def build(run: RunConfig, mesh: Mesh, vocab_size: int) -> Programs:
+    """Everything a run needs before data arrives; checks the run against the mesh.
 
     `vocab_size` is the tokenizer's (unpadded) size: it bounds random MLM replacements,
     and its multiple-of-128 padding sizes the embedding.
     """
-    configuration.validate(config)
-    rules = sharding.axis_rules(config)
-    sharding.check_batch(config, mesh, rules)
-    model, masking_cfg = model_and_masking(config, vocab_size)
+    rules = sharding.axis_rules(run.mesh)
+    sharding.check_batch(run, mesh, rules)
+    model, masking_cfg = model_and_masking(run, vocab_size)
     model_cfg = model.config
-    tx = optimizer.create_optimizer(config)
-    init_fn = train_state.make_init_fn(model, tx, model_cfg, config.seq_len, masking_cfg.num_masked)
+    tx = optimizer.create_optimizer(run.optimizer)
+    init_fn = train_state.make_init_fn(model, tx, model_cfg, run.seq_len, masking_cfg.num_masked)
     with sharding.activate(mesh, rules):
         boxed = train_state.abstract_state(init_fn)
     specs = train_state.logical_specs(boxed)
@@ -96,14 +91,14 @@ def build(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int) -> Pro
         train_step.train_step,
         model=model,
         tx=tx,
-        schedule=optimizer.learning_rate_schedule(config),
+        schedule=optimizer.learning_rate_schedule(run.optimizer),
         masking_cfg=masking_cfg,
-        seed=config.seed,
-        grad_accum_steps=config.grad_accum_steps,
-        inject_nan_at_step=config.inject_nan_at_step,
+        seed=run.seed,
+        grad_accum_steps=run.loop.grad_accum_steps,
+        inject_nan_at_step=run.loop.inject_nan_at_step,
     )
     evaluate = functools.partial(
-        train_step.eval_step, model=model, masking_cfg=masking_cfg, seed=config.seed
+        train_step.eval_step, model=model, masking_cfg=masking_cfg, seed=run.seed
     )
     return Programs(
         mesh=mesh,

@@ -11,13 +11,12 @@ import math
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from maelm_jax.configuration import ConfigError
 from maelm_jax.model.logical_axes import ALL_AXES
+from maelm_jax.run_config import ConfigError, MeshConfig, RunConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -34,8 +33,8 @@ _AXIS_SOURCE = {
 }
 
 
-def _fill(parallelism: ml_collections.ConfigDict, total: int, name: str) -> tuple[int, ...]:
-    sizes = [int(parallelism[a]) for a in MESH_AXES]
+def _fill(parallelism: tuple[tuple[str, int], ...], total: int, name: str) -> tuple[int, ...]:
+    sizes = [int(dict(parallelism)[a]) for a in MESH_AXES]
     shown = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes, strict=True))
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ConfigError(f"{name}=({shown}) is not allowed: sizes must be >= 1, at most one -1")
@@ -52,12 +51,12 @@ def _fill(parallelism: ml_collections.ConfigDict, total: int, name: str) -> tupl
     return tuple(sizes)
 
 
-def create_mesh(config: ml_collections.ConfigDict, devices=None) -> Mesh:
+def create_mesh(config: MeshConfig, devices=None) -> Mesh:
     """A ('data', 'fsdp', 'tensor') mesh; hybrid (ICI x DCN) when devices span slices."""
     devices = list(jax.devices() if devices is None else devices)
     num_slices = len({getattr(d, "slice_index", 0) for d in devices})
-    ici = _fill(config.mesh.ici, len(devices) // num_slices, "mesh.ici")
-    dcn = _fill(config.mesh.dcn, num_slices, "mesh.dcn")
+    ici = _fill(config.ici, len(devices) // num_slices, "mesh.ici")
+    dcn = _fill(config.dcn, num_slices, "mesh.dcn")
     if num_slices > 1:
         grid = mesh_utils.create_hybrid_device_mesh(
             ici, dcn, devices, allow_split_physical_axes=True
@@ -69,9 +68,9 @@ def create_mesh(config: ml_collections.ConfigDict, devices=None) -> Mesh:
     return Mesh(grid, MESH_AXES)
 
 
-def axis_rules(config: ml_collections.ConfigDict) -> tuple:
+def axis_rules(config: MeshConfig) -> tuple:
     """`config.logical_axis_rules` checked: known names, one rule each, real mesh axes."""
-    rules = tuple((name, target) for name, target in config.logical_axis_rules)
+    rules = config.logical_axis_rules
     seen = {}
     for name, target in rules:
         if name not in ALL_AXES:
@@ -112,11 +111,11 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(_mesh_axes(rules, "activation_batch") or None))
 
 
-def check_batch(config: ml_collections.ConfigDict, mesh: Mesh, rules) -> None:
+def check_batch(config: RunConfig, mesh: Mesh, rules) -> None:
     """The global batch (and each micro-batch) must split evenly over batch shards and hosts."""
     axes = _mesh_axes(rules, "activation_batch")
     shards = math.prod(mesh.shape[a] for a in axes)
-    micro = config.batch_size // config.grad_accum_steps
+    micro = config.batch_size // config.loop.grad_accum_steps
     if micro % shards:
         detail = ", ".join(f"{a}={mesh.shape[a]}" for a in axes)
         raise ConfigError(

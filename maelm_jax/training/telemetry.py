@@ -8,13 +8,15 @@ the input pipeline or a second compile), so the rates describe the steady state;
 lines before that carry none.
 """
 
+import dataclasses
 import time
 
 import jax
-import ml_collections
+import jax.numpy as jnp
 
 from maelm_jax.hardware import accelerators
 from maelm_jax.model import flop_count
+from maelm_jax.run_config import RunConfig
 
 WARMUP_STEPS = 2
 
@@ -37,19 +39,16 @@ class Throughput:
         self._mark = None  # (steps done, time) where the current window began
 
     @classmethod
-    def for_run(
-        cls, config: ml_collections.ConfigDict, vocab_size: int, start_step: int
-    ) -> "Throughput":
-        """For `config` with the tokenizer's `vocab_size`, on all of JAX's devices."""
-        c = config.copy_and_resolve_references()
-        c.vocab_size = vocab_size
-        flops = flop_count.step_flops(c, flop_count.num_params(c))
-        per_device = config.peak_flops_per_device or accelerators.peak_flops(
-            jax.devices()[0].device_kind, config.model.dtype
+    def for_run(cls, run: RunConfig, vocab_size: int, start_step: int) -> "Throughput":
+        """For `run` with the tokenizer's `vocab_size`, on all of JAX's devices."""
+        run = dataclasses.replace(run, model=run.model.for_vocab(vocab_size))
+        flops = flop_count.step_flops(run, flop_count.num_params(run))
+        per_device = run.loop.peak_flops_per_device or accelerators.peak_flops(
+            jax.devices()[0].device_kind, jnp.dtype(run.model.dtype).name
         )
         peak = per_device * jax.device_count() if per_device else None
-        tokens = config.batch_size * config.seq_len
-        return cls(flops, tokens, peak, config.num_train_steps - start_step)
+        tokens = run.batch_size * run.seq_len
+        return cls(flops, tokens, peak, run.loop.num_train_steps - start_step)
 
     def step_done(self) -> None:
         self._done += 1

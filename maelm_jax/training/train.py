@@ -1,28 +1,28 @@
-"""The training loop: `train_and_evaluate(config, workdir)`, everything behind `main`."""
+"""The training loop: `train_and_evaluate(run, workdir)`, everything behind `main`."""
 
 import functools
 import os
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 from clu import periodic_actions
 
-from maelm_jax import configuration, paths
+from maelm_jax import paths
 from maelm_jax.checkpoints import checkpointing
-from maelm_jax.configuration import ConfigError
+from maelm_jax.checkpoints.params import load_params
 from maelm_jax.data import batches, input_pipeline, unigram
 from maelm_jax.data import documents as documents_lib
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.hardware import multihost
 from maelm_jax.inspection import fill_in
+from maelm_jax.run_config import ConfigError, RunConfig
 from maelm_jax.training import metric_logging, profiling, programs, sharding, telemetry
 from maelm_jax.training.preemption import PreemptionWatcher
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss or gradient went NaN/inf and `config.nonfinite == "stop"`."""
+    """The loss or gradient went NaN/inf and `run.loop.nonfinite == "stop"`."""
 
 
 def _host_metrics(sums: dict[str, float], prefix: str) -> dict[str, float]:
@@ -109,20 +109,18 @@ class _TrainMetrics:
         return row
 
 
-def _data_position(config, blocks_per_process: list[int], step: int) -> dict:
+def _data_position(run: RunConfig, blocks_per_process: list[int], step: int) -> dict:
     """The input position of every process at `step` (each process has its own blocks)."""
     return {
         "process_count": len(blocks_per_process),
         "processes": [
-            batches.stream_position(
-                step, config.batch_size // len(blocks_per_process), n, config.seed, p
-            )
+            batches.stream_position(step, run.batch_size // len(blocks_per_process), n, run.seed, p)
             for p, n in enumerate(blocks_per_process)
         ],
     }
 
 
-def _restore_or_initialize(config, progs, checkpointer, data_position, tokenizer):
+def _restore_or_initialize(run: RunConfig, progs, checkpointer, data_position, tokenizer):
     """Resume from this workdir's newest good checkpoint; else start at step 0, optionally
     from another run's weights (`init_from`). The two never mix: a workdir that has a
     checkpoint resumes, whatever init_from says."""
@@ -141,97 +139,96 @@ def _restore_or_initialize(config, progs, checkpointer, data_position, tokenizer
                 data_position(step),
             )
         return state
-    state = progs.initialize(jax.random.PRNGKey(config.seed))
-    if config.init_from:
-        params = checkpointing.load_params(config.init_from, abstract.params, tokenizer.fingerprint)
+    state = progs.initialize(jax.random.PRNGKey(run.seed))
+    if run.loop.init_from:
+        params = load_params(run.loop.init_from, abstract.params, tokenizer.fingerprint)
         state = state.replace(params=params)
     return state
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
-    """Trains `config` in `workdir` (created if needed); every process runs the same call.
+def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
+    """Trains `run` in `workdir` (created if needed); every process runs the same call.
 
     Rerunning with the same workdir resumes from the newest good checkpoint.
     """
     # Random bits computed shard-locally, so masks and dropout never gather across devices
     # (the default in current JAX; pinned because the data path relies on it).
     jax.config.update("jax_threefry_partitionable", True)
-    configuration.validate(config)
     workdir = paths.path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     process_index, process_count = jax.process_index(), jax.process_count()
 
     # --- Mesh: layout errors surface before minutes of tokenization. ---
-    mesh = sharding.create_mesh(config)
-    sharding.check_batch(config, mesh, sharding.axis_rules(config))
+    mesh = sharding.create_mesh(run.mesh)
+    sharding.check_batch(run, mesh, sharding.axis_rules(run.mesh))
     logging.info("Mesh %s over %d processes", dict(mesh.shape), process_count)
 
     # --- Input: the tokenizer (trained once per workdir) and this process's share. ---
-    data_config = configuration.data_config(config)
-    documents = documents_lib.documents_fn(data_config, process_index)
-    tokenizer = tokenizer_lib.load_or_train(data_config, workdir, documents)
+    documents = documents_lib.documents_fn(run.data, process_index)
+    tokenizer = tokenizer_lib.load_or_train(run.data, workdir, documents)
     data, error = None, None
     try:
         data = input_pipeline.create_datasets(
-            data_config, workdir, tokenizer, process_index, process_count
+            run.data, workdir, tokenizer, process_index, process_count
         )
     except ConfigError as e:  # maybe on this process only: its share may be empty
         error = e
     multihost.raise_together(error, "preparing their share of the data")
     data_position = functools.partial(
-        _data_position, config, multihost.gather_ints(data.train.num_blocks)
+        _data_position, run, multihost.gather_ints(data.train.num_blocks)
     )
 
     # --- Programs and state: born sharded, or restored into the same shardings. ---
-    progs = programs.build(config, mesh, tokenizer.vocab_size)
-    checkpointer = checkpointing.Checkpointer(config, workdir, tokenizer)
-    state = _restore_or_initialize(config, progs, checkpointer, data_position, tokenizer)
+    progs = programs.build(run, mesh, tokenizer.vocab_size)
+    checkpointer = checkpointing.Checkpointer(run, workdir, tokenizer)
+    state = _restore_or_initialize(run, progs, checkpointer, data_position, tokenizer)
     start_step = int(jax.device_get(state.step))
 
     # --- Reporting: process 0 writes, everyone logs its own errors. ---
+    loop = run.loop
     writer = metric_logging.create_writer(workdir)
     report = periodic_actions.ReportProgress(
-        num_train_steps=config.num_train_steps,
+        num_train_steps=loop.num_train_steps,
         writer=writer,
-        every_steps=config.log_every_steps,
+        every_steps=loop.log_every_steps,
         every_secs=None,
     )
     profile = profiling.ProfileWindow(
         workdir,
-        config.profile_start_step,
-        config.profile_num_steps if process_index == 0 else 0,
+        loop.profile_start_step,
+        loop.profile_num_steps if process_index == 0 else 0,
         start_step,
     )
     hooks = [report, profile]
     logging.info(
         "Training %s%s for steps %d..%d: %d train blocks here, k=%d of %d tokens masked",
-        config.objective,
-        f" ({config.model.decoder} decoder)" if config.objective == "mae_lm" else "",
+        run.objective,
+        f" ({run.model.decoder} decoder)" if run.objective == "mae_lm" else "",
         start_step,
-        config.num_train_steps,
+        loop.num_train_steps,
         data.train_blocks,
         progs.masking_cfg.num_masked,
-        config.seq_len,
+        run.seq_len,
     )
 
     # --- The eval loss's context-free baseline (unigram.py), computed once. ---
     baseline = {}
-    if config.eval_batches:
+    if loop.eval_batches:
         with sharding.activate(mesh, progs.rules):
             value = unigram.eval_unigram_loss(progs, data.eval, global_batch)
         baseline = {"eval/unigram_loss": value}
         logging.info("Eval unigram baseline (no context): %.3f nats per token", value)
 
     # --- The loop. ---
-    throughput = telemetry.Throughput.for_run(config, tokenizer.vocab_size, start_step)
-    totals = _TrainMetrics(config.nonfinite, throughput)
+    throughput = telemetry.Throughput.for_run(run, tokenizer.vocab_size, start_step)
+    totals = _TrainMetrics(loop.nonfinite, throughput)
     preemption = PreemptionWatcher()
     train_batches = data.train.iterate(start_step)
     try:
         with sharding.activate(mesh, progs.rules), train_batches:
-            if start_step == 0 and config.eval_batches:  # the curve's origin
+            if start_step == 0 and loop.eval_batches:  # the curve's origin
                 writer.write_scalars(0, evaluate(progs, state.params, data.eval) | baseline)
-            for step in range(start_step, config.num_train_steps):
+            for step in range(start_step, loop.num_train_steps):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, metrics = progs.train_step(
                         state, global_batch(progs, next(train_batches))
@@ -240,15 +237,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                 done = step + 1
                 for hook in hooks:
                     hook(done)
-                last = done == config.num_train_steps
+                last = done == loop.num_train_steps
                 preempted = preemption.reached(done)
-                if done % config.log_every_steps == 0 or last:
+                if done % loop.log_every_steps == 0 or last:
                     writer.write_scalars(done, totals.row())
-                if config.eval_batches and (done % config.eval_every_steps == 0 or last):
+                if loop.eval_batches and (done % loop.eval_every_steps == 0 or last):
                     with report.timed("eval"):
                         row = evaluate(progs, state.params, data.eval) | baseline
                         writer.write_scalars(done, row)
-                if last or preempted or done % config.checkpoint_every_steps == 0:
+                if last or preempted or done % run.checkpoint.every_steps == 0:
                     totals.settle()  # never checkpoint a step that has not been checked
                     with report.timed("checkpoint"):
                         checkpointer.save(done, state, data_position(done), force=True)
@@ -263,9 +260,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     )
                     break
             totals.settle()
-            if int(jax.device_get(state.step)) == config.num_train_steps:
+            if int(jax.device_get(state.step)) == loop.num_train_steps:
                 fill_in.print_fill_in(
-                    progs, state.params, data.eval, global_batch, tokenizer, config.seed
+                    progs, state.params, data.eval, global_batch, tokenizer, run.seed
                 )
     finally:
         profile.close()

@@ -1,0 +1,1 @@
+"""Ahead-of-time compiles for TPU slices from a CPU host: memory, FLOPs, the largest batch."""

@@ -1,0 +1,82 @@
+"""The train step lowered and compiled ahead of time for any devices, and what XLA counts in it.
+
+Built through the same `sharding.create_mesh` and `programs.build` that training uses, so
+what `maelm_jax.compile` and `maelm_jax.flops` measure is what `main` runs.
+"""
+
+import re
+import time
+
+import jax
+
+from maelm_jax import configuration
+from maelm_jax.run_config import RunConfig
+from maelm_jax.training import programs, sharding
+
+FAST = {"exec_time_optimization_effort": -1.0}  # XLA's range is [-1, 1]; 0 is training's
+# The counting program's matmuls stay whole; the arithmetic is the same either way.
+NO_WINDOWED_EINSUM = {
+    "xla_tpu_enable_windowed_einsum_for_all_gather": False,
+    "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
+}
+
+
+def compile_step(run: RunConfig, devices: list, options: dict | None = None):
+    """(Compiled or None, OOM message or None, mesh, seconds to lower and compile)."""
+    mesh = sharding.create_mesh(run.mesh, devices=devices)
+    progs = programs.build(run, mesh, run.data.vocab_size)
+    # Outside the rules context: unboxing there would constrain the abstract leaves.
+    args = (progs.abstract_state(), progs.abstract_batch(run.batch_size, run.seq_len))
+    start = time.perf_counter()
+    with sharding.activate(mesh, progs.rules):
+        lowered = progs.train_step.lower(*args)
+    try:
+        compiled = lowered.compile(compiler_options=options)
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        message = str(e).split(" [type.googleapis.com/")[0].strip()  # drop the raw proto
+        return None, message, mesh, time.perf_counter() - start
+    return compiled, None, mesh, time.perf_counter() - start
+
+
+def matmul_loops(hlo: str) -> int:
+    """While loops whose body reaches a dot or convolution (through the computations it
+    calls): the ones whose single counting matters. XLA also emits loops that only move
+    data, e.g. to relayout a large gather; those are left as they are."""
+    bodies = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^(?:ENTRY )?%?([\w.-]+) [^\n]*\{\n(.*?)^\}", hlo, re.M | re.S)
+    }
+
+    def reaches_matmul(name: str, seen: set) -> bool:
+        seen.add(name)
+        if re.search(r"\s(?:dot|convolution)\(", bodies.get(name, "")):
+            return True
+        called = set(re.findall(r"%([\w.-]+)", bodies.get(name, ""))) & bodies.keys()
+        return any(reaches_matmul(c, seen) for c in called - seen)
+
+    loops = re.findall(r"\swhile\([^\n]*?body=%?([\w.-]+)", hlo)
+    return sum(reaches_matmul(body, set()) for body in loops)
+
+
+def xla_flops(compiled) -> float:
+    """XLA's FLOP count of a compiled program, per device (a loop body counted once)."""
+    costs = compiled.cost_analysis()
+    costs = costs[0] if isinstance(costs, list) else costs
+    return float(costs["flops"])
+
+
+def counting_config(run: RunConfig) -> RunConfig:
+    """The same step with every loop XLA would count once unrolled (layers, query blocks,
+    LM-head slot blocks): one micro-batch. `maelm_jax.flops` counts from it too."""
+    return configuration.override(
+        run,
+        {
+            "model.scan_layers": False,
+            "model.attention_query_chunk": 0,
+            "model.lm_head_chunk": 0,
+            "batch_size": run.batch_size // run.loop.grad_accum_steps,
+            "grad_accum_steps": 1,
+        },
+    )

@@ -1,0 +1,226 @@
+"""The run's configuration as the code below the commands sees it: frozen, typed parts.
+
+A command parses the user's ConfigDict (configs/*.py plus `--config.key=value`) and turns it
+into one `RunConfig` right away (`configuration.freeze`, which validates every value first);
+nothing below the commands reads a ConfigDict. Frozen dataclasses let a jitted function
+close over a config safely, and a bad value fails once, up front, with a message naming it.
+
+Some parts copy a top-level key they need (`seq_len`, `batch_size`, `seed` are in `data`
+too, `num_train_steps` in `optimizer` and `loop`), so that each consumer takes only its
+part. A run is therefore changed with `configuration.override`, which edits the keys and
+freezes again, never with `dataclasses.replace` on one part, which would leave the copies
+behind.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+OBJECTIVES = ("mlm", "mae_lm")
+DECODERS = ("self", "cross")
+NONFINITE_POLICIES = ("stop", "skip")
+PACKINGS = ("segmented", "concatenated")  # see model/segments.py
+MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+VOCAB_MULTIPLE = 128
+
+
+class ConfigError(ValueError):
+    """A user-supplied value (config, path, data) is not allowed; the message says why."""
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """Rounds up to a multiple of 128 so the vocab axis tiles and shards evenly."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def num_masked(mask_rate: float, seq_len: int) -> int:
+    """The static k: every row has exactly this many masked slots."""
+    return round(mask_rate * seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What the model code needs; `vocab_size` is already padded."""
+
+    objective: str
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    mlp_dim: int
+    decoder: str
+    num_decoder_layers: int
+    max_positions: int
+    dropout_rate: float
+    decoder_dropout_rate: float
+    attention_dropout_rate: float
+    decoder_attention_dropout_rate: float
+    mask_token_source: str
+    relative_attention_buckets: int
+    relative_attention_max_distance: int
+    relative_attention_init_slope: float
+    decoder_relative_attention: bool
+    dtype: Any
+    scan_layers: bool
+    remat_policy: str
+    decoder_remat_policy: str
+    attention_query_chunk: int
+    lm_head_chunk: int
+    layer_norm_epsilon: float
+    init_std: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def for_vocab(self, vocab_size: int) -> "ModelConfig":
+        """This model for a tokenizer of `vocab_size` pieces (padded here)."""
+        return dataclasses.replace(self, vocab_size=padded_vocab_size(vocab_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+    """How rows are masked; the special ids come from the tokenizer."""
+
+    objective: str
+    seq_len: int
+    num_masked: int
+    mlm_mask_prob: float
+    mlm_random_prob: float
+    vocab_size: int  # the tokenizer's (unpadded): random replacements stay inside it
+    mask_id: int
+    pad_id: int
+    eos_id: int  # ends every document in a block: segment ids follow from it
+    packing: str  # "segmented" | "concatenated", see model/segments.py
+    special_ids: tuple[int, ...]  # never chosen while a row has enough other tokens
+    first_regular_id: int  # random replacements are drawn from [first_regular_id, vocab_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSettings:
+    """The run's masking keys; `for_tokenizer` adds a tokenizer's ids to make a
+    `MaskingConfig` (the ids are the tokenizer's business, not the config's)."""
+
+    objective: str
+    mask_rate: float
+    seq_len: int
+    num_masked: int
+    mlm_mask_prob: float
+    mlm_random_prob: float
+    packing: str
+
+    def for_tokenizer(
+        self,
+        *,
+        vocab_size: int,
+        mask_id: int,
+        pad_id: int,
+        eos_id: int,
+        special_ids: tuple[int, ...],
+        first_regular_id: int,
+    ) -> MaskingConfig:
+        return MaskingConfig(
+            objective=self.objective,
+            seq_len=self.seq_len,
+            num_masked=self.num_masked,
+            mlm_mask_prob=self.mlm_mask_prob,
+            mlm_random_prob=self.mlm_random_prob,
+            vocab_size=vocab_size,
+            mask_id=mask_id,
+            pad_id=pad_id,
+            eos_id=eos_id,
+            packing=self.packing,
+            special_ids=tuple(special_ids),
+            first_regular_id=first_regular_id,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The data keys; paths already through `paths.resolve` (`file://` URLs become local
+    paths, gs:// stays)."""
+
+    dataset: str
+    data_dir: str | None  # None: TFDS's default
+    train_split: str
+    eval_split: str
+    eval_holdout_fraction: float
+    max_documents: int
+    seq_len: int
+    batch_size: int  # global rows per step
+    eval_batches: int
+    seed: int
+    vocab_path: str | None
+    vocab_size: int
+    tokenizer_train_documents: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW and its schedule (training/optimizer.py)."""
+
+    learning_rate: float
+    warmup_steps: int
+    num_train_steps: int  # the schedule decays to zero here
+    weight_decay: float
+    adam_b1: float
+    adam_b2: float
+    adam_eps: float
+    max_grad_norm: float  # 0: no clipping
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """What the training loop does around the step: how long, how often, what on failure."""
+
+    num_train_steps: int
+    seed: int
+    grad_accum_steps: int
+    eval_every_steps: int
+    eval_batches: int
+    log_every_steps: int
+    nonfinite: str  # "stop" | "skip"
+    profile_num_steps: int
+    profile_start_step: int
+    peak_flops_per_device: float  # 0: look the device up (hardware/accelerators.py)
+    inject_nan_at_step: int  # fault injection for tests; -1: never
+    init_from: str | None  # a checkpoint directory: weights only, step 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int
+    keep: int
+    keep_every_steps: int  # 0: keep none beyond the newest `keep`
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Parallelism per mesh axis within a slice (`ici`) and across slices (`dcn`), -1 filling
+    with what is left; the logical-axis rules that map model axes onto them."""
+
+    ici: tuple[tuple[str, int], ...]
+    dcn: tuple[tuple[str, int], ...]
+    logical_axis_rules: tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One run, frozen: the keys every part shares, then the parts."""
+
+    objective: str
+    seq_len: int
+    batch_size: int  # global, across all processes
+    seed: int
+    model: ModelConfig  # vocab padded from the config's vocab_size; `for_vocab` re-pads
+    masking: MaskingSettings
+    data: DataConfig
+    optimizer: OptimizerConfig
+    loop: LoopConfig
+    checkpoint: CheckpointConfig
+    mesh: MeshConfig
+    # The ConfigDict as JSON: what a checkpoint stores, and what `configuration.override`
+    # edits and freezes again.
+    source_json: str = dataclasses.field(repr=False)

@@ -1,0 +1,127 @@
+"""The package's shape: imports point down the layers, the ConfigDict stops at the commands,
+and no room grows past what a reader can scan.
+
+Read from the source (`ast`), not from `sys.modules`, so a lazy import inside a function
+counts as much as one at the top of a file.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "maelm_jax"
+
+# Bottom to top; a module may import its own layer and the ones below it. `cli` is the
+# commands' shared plumbing; the others are `python -m maelm_jax.<name>` entry points.
+COMMANDS = ("main", "compile", "flops", "bench", "export", "analysis", "prepare_data")
+LAYERS = (
+    ("run_config", "paths"),
+    ("hardware",),
+    ("model", "data"),
+    ("configuration",),
+    ("training", "checkpoints", "aot", "hf", "inspection"),
+    ("cli", *COMMANDS),
+)
+# Rooms of one layer that must not know each other: the network never reads text files,
+# and the data pipeline never builds a model.
+APART = (("model", "data"),)
+# Where `ml_collections` (the user's config format) may be imported inside the package.
+CONFIGDICT_READERS = {"configuration", *COMMANDS}
+MAX_LINES = 400
+MAX_MODULES_PER_FOLDER = 12
+
+
+def room(module: str) -> str:
+    """'maelm_jax.training.train' -> 'training'; 'maelm_jax.main' -> 'main'."""
+    return module.split(".")[1]
+
+
+def layer(module: str) -> int:
+    for index, rooms in enumerate(LAYERS):
+        if room(module) in rooms:
+            return index
+    raise AssertionError(f"{module} is in no layer of LAYERS: add its room there")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports, at any depth of the file; `from a import b` names a.b
+    when that is a module of the package, else a."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                parts = candidate.split(".")
+                is_module = PACKAGE.parent.joinpath(*parts).with_suffix(".py").exists()
+                found.add(candidate if is_module else node.module)
+    return found
+
+
+def violations(edges: dict[str, set[str]]) -> list[str]:
+    """What breaks the layering in {module: modules it imports} (the package's only)."""
+    problems = []
+    for source, targets in sorted(edges.items()):
+        if source == "maelm_jax":
+            continue
+        for target in sorted(t for t in targets if t.startswith("maelm_jax.")):
+            if layer(target) > layer(source):
+                problems.append(f"{source} imports {target}, a layer above it")
+            if room(target) in COMMANDS:
+                problems.append(f"{source} imports command module {target}")
+            pair = {room(source), room(target)}
+            if any(pair == set(apart) for apart in APART):
+                problems.append(
+                    f"{source} imports {target}: {' and '.join(sorted(pair))} stay apart"
+                )
+        reads_configdict = "ml_collections" in {t.split(".")[0] for t in targets}
+        if reads_configdict and room(source) not in CONFIGDICT_READERS:
+            problems.append(f"{source} imports ml_collections below the commands")
+    return problems
+
+
+def package_edges() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_imports_point_down_the_layers_and_the_configdict_stops_at_the_commands():
+    assert violations(package_edges()) == []
+
+
+@pytest.mark.parametrize(
+    "edge,problem",
+    [
+        (("maelm_jax.model.attention", "maelm_jax.training.sharding"), "a layer above it"),
+        (("maelm_jax.data.tokenizer", "maelm_jax.configuration"), "a layer above it"),
+        (("maelm_jax.aot.analyze", "maelm_jax.compile"), "imports command module"),
+        (("maelm_jax.data.packing", "maelm_jax.model.segments"), "stay apart"),
+        (("maelm_jax.training.train", "ml_collections"), "ml_collections below the commands"),
+    ],
+)
+def test_the_check_catches_each_kind_of_violation(edge, problem):
+    """The check itself: each rule, broken once on top of the real graph, is reported."""
+    edges = package_edges()
+    source, target = edge
+    edges[source] = edges[source] | {target}
+    assert [p for p in violations(edges) if problem in p] != []
+
+
+def test_every_module_is_in_a_layer_and_no_file_or_folder_is_too_big():
+    too_long = {
+        module_name(p): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert too_long == {}, f"files over {MAX_LINES} lines: split them by responsibility"
+    for folder in [PACKAGE, *(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists())]:
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, f"{folder.name}/ has {len(modules)}"
+        for p in modules:
+            layer(module_name(p))
