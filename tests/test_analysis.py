@@ -4,8 +4,7 @@ import json
 
 import numpy as np
 
-from maelm_jax import analysis
-from maelm_jax.inspection import rank, trained_model
+from maelm_jax.inspection import rank, representation_rank, trained_model
 
 
 def _known_spectrum(singular_values, n=400, d=48, seed=0):
@@ -49,7 +48,7 @@ def test_share_inside_a_subspace():
 def test_run_writes_json_and_png(tiny_checkpoints, tmp_path):
     workdir = tiny_checkpoints["mlm"]
     out = tmp_path / "rank"
-    returned = analysis.run(workdir, out, None, num_tokens=300, text_file=None)
+    returned = representation_rank.run(workdir, out, None, num_tokens=300, text_file=None)
     result = json.loads((out / "rank.json").read_text())
     assert result == json.loads(json.dumps(returned))
     assert (out / "rank.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -62,7 +61,7 @@ def test_run_writes_json_and_png(tiny_checkpoints, tmp_path):
 
     # The last layer is the encoder's output: recompute its rank from `encode` directly.
     trained = trained_model.load(workdir)
-    blocks = analysis.held_out_blocks(trained, None, 300)
+    blocks = representation_rank.held_out_blocks(trained, None, 300)
     positions = np.broadcast_to(np.arange(blocks.shape[1]), blocks.shape)
     hidden = np.asarray(trained.encode_fn()(blocks, positions))
     real = hidden[blocks >= trained.tokenizer.first_regular_id][:300]
@@ -73,9 +72,9 @@ def test_scanned_and_unrolled_layers_agree(tiny_checkpoints):
     """Unstacking a scanned checkpoint for per-layer capture keeps the encoder's output."""
     trained = trained_model.load(tiny_checkpoints["3ml_cross"])
     assert trained.model_config.scan_layers
-    model, params = analysis.unrolled(trained)
-    ids = analysis.held_out_blocks(trained, None, 60)[:2]
-    layers = np.asarray(analysis.layer_outputs_fn(model, 2)(params, ids))
+    model, params = representation_rank.unrolled(trained)
+    ids = representation_rank.held_out_blocks(trained, None, 60)[:2]
+    layers = np.asarray(representation_rank.layer_outputs_fn(model, 2)(params, ids))
     positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
     final = np.asarray(trained.encode_fn()(ids, positions))
     np.testing.assert_allclose(layers[-1], final, atol=1e-5)

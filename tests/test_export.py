@@ -13,8 +13,8 @@ import pytest
 from etils import epath
 from tiny_configs import REPO_ROOT
 
-from maelm_jax import export
 from maelm_jax.checkpoints import manifest
+from maelm_jax.hf import export
 from maelm_jax.inspection import trained_model
 from maelm_jax.model.attention import relative_position_buckets
 from maelm_jax.run_config import ConfigError

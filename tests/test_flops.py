@@ -5,7 +5,8 @@ import jax
 import pytest
 from tiny_configs import tiny_config
 
-from maelm_jax import configuration, flops
+from maelm_jax import configuration
+from maelm_jax.aot import flops_by_method
 from maelm_jax.model import flop_count
 
 # Wide enough that matmuls dominate and deep enough (6 encoder layers to the paper decoders'
@@ -18,7 +19,7 @@ def rows():
     config = tiny_config(**MODEL)
     methods = ("mlm", "3ml_self", "3ml_cross")
     run = configuration.freeze(config)
-    return {r.method: r for r in flops.table(run, jax.devices()[:1], 0.5, methods)}
+    return {r.method: r for r in flops_by_method.table(run, jax.devices()[:1], 0.5, methods)}
 
 
 def test_masked_encoders_save_flops_in_the_expected_order(rows):
@@ -56,7 +57,7 @@ def test_analytic_total_matches_xla_within_the_tolerance(rows):
 
 
 def test_table_prints_every_method_and_the_verdict(rows):
-    text = flops.format_table(list(rows.values()), "header")
+    text = flops_by_method.format_table(list(rows.values()), "header")
     assert [line.split()[0] for line in text.splitlines()[3:6]] == list(rows)
     assert text.splitlines()[-1].endswith("yes")
 
@@ -67,5 +68,7 @@ def test_blocked_attention_and_lm_head_count_the_same(rows):
     config = tiny_config(**MODEL)
     config.model.attention_query_chunk = 8
     config.model.lm_head_chunk = 4  # 16 masked slots at 50%: 4 blocks
-    (blocked,) = flops.table(configuration.freeze(config), jax.devices()[:1], 0.5, ("3ml_self",))
+    (blocked,) = flops_by_method.table(
+        configuration.freeze(config), jax.devices()[:1], 0.5, ("3ml_self",)
+    )
     assert blocked.xla_total == pytest.approx(rows["3ml_self"].xla_total, rel=1e-6)

@@ -1,0 +1,54 @@
+"""The edge: a ConfigDict frozen once into a RunConfig, and variants made by freezing again."""
+
+import dataclasses
+import json
+
+import jax.numpy as jnp
+import pytest
+from tiny_configs import tiny_config
+
+from configs import base, default
+from maelm_jax import configuration
+from maelm_jax.run_config import ConfigError
+
+
+def test_freeze_copies_shared_keys_into_every_part_that_needs_them():
+    c = tiny_config()
+    c.batch_size, c.seed, c.num_train_steps, c.model.dtype = 16, 7, 99, "bfloat16"
+    run = configuration.freeze(c)
+    assert (run.batch_size, run.data.batch_size) == (16, 16)
+    assert (run.seed, run.data.seed, run.loop.seed) == (7, 7, 7)
+    assert (run.optimizer.num_train_steps, run.loop.num_train_steps) == (99, 99)
+    assert run.masking.num_masked == round(c.mask_rate * c.seq_len)
+    assert run.model.dtype == jnp.bfloat16 and run.model.vocab_size % 128 == 0
+    assert dict(run.mesh.ici) == dict(c.mesh.ici)
+
+
+def test_override_changes_a_key_in_every_copy_and_nothing_else():
+    run = configuration.freeze(tiny_config())
+    changed = configuration.override(run, {"batch_size": 32, "model.scan_layers": False})
+    assert (changed.batch_size, changed.data.batch_size) == (32, 32)
+    assert changed.model.scan_layers is False
+    assert dataclasses.replace(changed.model, scan_layers=True) == run.model
+    assert changed.optimizer == run.optimizer and changed.mesh == run.mesh
+    # Nothing changed: the same run back, through its JSON.
+    assert configuration.override(run, {}) == run
+
+
+def test_override_validates_and_names_the_key():
+    run = configuration.freeze(tiny_config())
+    with pytest.raises(ConfigError, match=r"mask_rate=1\.5 is not allowed"):
+        configuration.override(run, {"mask_rate": 1.5})
+    with pytest.raises(ConfigError, match=r"has no key 'model\.num_layer'"):
+        configuration.override(run, {"model.num_layer": 2})
+
+
+def test_a_checkpoints_config_gets_what_older_runs_did_for_keys_added_since():
+    stored = json.loads(default.get_config().to_json_best_effort())
+    del stored["model"]["mask_token_source"], stored["eval_batches"]
+    run = configuration.from_checkpoint(stored)
+    assert run.model.mask_token_source == "learned"  # the model before the key existed
+    assert run.loop.eval_batches == base.get_config().eval_batches  # configs/base.py's
+    del stored["model"]["num_heads"]
+    with pytest.raises(ConfigError, match=r"lacks model keys \['num_heads'\]"):
+        configuration.from_checkpoint(stored)
