@@ -53,7 +53,7 @@ def test_create_datasets_shapes_tokens_and_eval_padding(corpus, tokenizer, tmp_p
     assert len(padding) and (padding == tok.PAD_ID).all()
     eval_docs = list(read_documents(c, "eval", 1, 2))
     assert _documents_of(real) == tokenizer.encode_batch(eval_docs)
-    c.eval_batches = 3  # fewer rows than the eval blocks: the first ones, in order
+    c = data_config(pattern, eval_batches=3)  # fewer rows than the eval blocks: the first ones
     few = create_datasets(c, tmp_path, tokenizer, process_index=1, process_count=2)
     assert (np.concatenate(few.eval) == real[:6]).all()
 
@@ -68,7 +68,7 @@ def test_blocks_are_cached_in_the_workdir_and_reused(tokenizer, tmp_path):
     write_corpus(tmp_path / "corpus", [sample_document(i) for i in range(200, 230)])
     resumed = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
     assert (np.asarray(resumed.train.blocks) == np.asarray(first.train.blocks)).all()
-    c.seq_len = 12  # a new key: read the (changed) corpus again
+    c = data_config(pattern, seq_len=12)  # a new key: read the (changed) corpus again
     changed = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
     assert changed.train.blocks.shape[1] == 12
     assert len(list((tmp_path / "work" / CACHE_DIRNAME).iterdir())) == 4
