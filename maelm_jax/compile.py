@@ -1,5 +1,6 @@
 """`python -m maelm_jax.compile --config=configs/<name>.py --topology=v5p-64 [--num_slices=N]
-[--json] [--flops=analytic|unrolled|skip] [--effort=fast|full] [--hbm_bytes=B] [--max_batch]
+[--json] [--flops=analytic|unrolled|skip] [--effort=fast|full] [--step_time=estimate|skip]
+[--hbm_bytes=B] [--max_batch]
 [--config.key=value]`.
 
 Compiles the real train step for a TPU slice on a CPU-only machine (libtpu's compile-only
@@ -21,6 +22,12 @@ preflight"). Where the verdict could turn on that, a fast total at `CONFIRM_SHAR
 more, or an out-of-memory, the step is compiled again at full effort and that compile's
 numbers are reported. `--effort=full` always compiles as training does; `--max_batch`
 probes at full effort (its edge is exactly where the two differ).
+
+Step time: XLA's TPU cost model (`optimal_seconds` of a compiled program) estimates the
+step's time on a chip, and from it tokens/s and the MFU a run would log. An estimate, not a
+measurement: it is what the compiler optimises against, and the cost model cannot see inside
+Pallas kernels. It comes from two or three shallow unrolled programs (`aot/step_time.py`),
+compiled in a second thread beside the step; `--step_time=skip` leaves it out.
 
 FLOPs: one compile is the whole preflight. By default (`--flops=analytic`) FLOPs per step
 are `flop_count`'s model FLOPs (matmuls, forward + backward, optimizer; checked against
@@ -47,7 +54,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from maelm_jax import cli, configuration
-from maelm_jax.aot.analyze import EFFORTS, FLOPS_MODES, analyze
+from maelm_jax.aot.analyze import EFFORTS, FLOPS_MODES, STEP_TIMES, analyze
 from maelm_jax.aot.report import format_report, gib, needed
 from maelm_jax.aot.topology import LibtpuMissingError
 from maelm_jax.hardware import tpu_chips
@@ -69,6 +76,7 @@ def define_flags() -> None:
     flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
     flags.DEFINE_enum("flops", "analytic", FLOPS_MODES, "How to count FLOPs; see the module doc.")
     flags.DEFINE_enum("effort", "fast", EFFORTS, "Compile effort; see the module doc.")
+    flags.DEFINE_enum("step_time", "estimate", STEP_TIMES, "XLA's step-time estimate or not.")
     flags.DEFINE_integer("hbm_bytes", 0, "Judge `fits` against this per chip; 0: the chip's HBM.")
     flags.DEFINE_boolean("max_batch", False, "Also find the largest batch that fits (compiles).")
     flags.mark_flags_as_required(["config"])
@@ -87,6 +95,7 @@ def main(argv):
             FLAGS.hbm_bytes or None,
             FLAGS.max_batch,
             FLAGS.effort,
+            FLAGS.step_time,
         )
     except (ConfigError, LibtpuMissingError) as e:
         print(f"maelm_jax.compile: error: {e}", file=sys.stderr)

@@ -12,12 +12,13 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 from tiny_configs import tiny_config
 
 from maelm_jax import compile as compile_command
 from maelm_jax import configuration, run_config
-from maelm_jax.aot import analyze, compile_step, max_batch, topology
+from maelm_jax.aot import analyze, compile_step, max_batch, step_time, topology
 from maelm_jax.aot.report import format_report
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
@@ -139,6 +140,9 @@ def test_cli_json_reports_memory_and_unrolled_flops(tmp_path):
     ratio = report["flops_per_step"] / report["model_flops_per_step"]
     assert 1.0 <= ratio <= 1 + flop_count.TOLERANCE, ratio
     assert report["compile_seconds"] > 0 and report["step_seconds_lower_bound"] > 0
+    # XLA's step-time estimate: no faster than the FLOPs at peak, and an MFU below 1.
+    assert report["estimated_step_seconds"] >= report["step_seconds_lower_bound"]
+    assert 0 < report["estimated_mfu"] < 1
 
 
 @needs_libtpu
@@ -154,7 +158,7 @@ def test_cli_step_that_does_not_fit_exits_nonzero(tmp_path):
 @needs_libtpu
 def test_two_slices_build_a_hybrid_mesh():
     report = analyze.analyze(
-        configuration.freeze(tiny_config()), "v5p-8", num_slices=2, flops="skip"
+        configuration.freeze(tiny_config()), "v5p-8", num_slices=2, flops="skip", step_time="skip"
     )
     assert (report.num_devices, report.num_slices, report.fits) == (8, 2, True)
     assert report.mesh_shape == {"data": 2, "fsdp": 4, "tensor": 1}  # data over DCN
@@ -167,7 +171,9 @@ def test_max_batch_fits_and_its_double_does_not():
     config = tiny_config(**MODEL)
     run = configuration.freeze(config)
     devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
-    first = analyze.analyze(run, "v5p-8", flops="skip", effort="full")  # the probes' kind
+    first = analyze.analyze(
+        run, "v5p-8", flops="skip", step_time="skip", effort="full"
+    )  # the probes' kind
     hbm = int(first.memory.total * 1.05)  # a bound that bites within a few batch units
     found = max_batch.max_batch(
         run, devices, hbm, (config.batch_size, True, first.memory.total, True)
@@ -178,7 +184,7 @@ def test_max_batch_fits_and_its_double_does_not():
     assert (found.batch_size + found.unit, False) in {(b, ok) for b, ok, _ in found.probes}
     config.batch_size = 2 * found.batch_size
     assert not analyze.analyze(
-        configuration.freeze(config), "v5p-8", flops="skip", hbm_bytes=hbm
+        configuration.freeze(config), "v5p-8", flops="skip", step_time="skip", hbm_bytes=hbm
     ).fits
     # The line through two probes predicts the edge: a few compiles, not a bisection's ten.
     assert len(found.probes) <= 4, found.probes
@@ -187,11 +193,13 @@ def test_max_batch_fits_and_its_double_does_not():
 @needs_libtpu
 def test_a_fast_compile_near_the_limit_is_redone_at_full_effort():
     config = configuration.freeze(tiny_config())
-    fast = analyze.analyze(config, "v5p-8", flops="skip")
+    fast = analyze.analyze(config, "v5p-8", flops="skip", step_time="skip")
     assert (fast.effort, fast.fast_memory_per_chip_bytes) == ("fast", None)
     assert fast.memory.total < analyze.CONFIRM_SHARE * fast.hbm_per_chip_bytes
     # HBM such that the fast total is 90% of it: the verdict must come from a full compile.
-    near = analyze.analyze(config, "v5p-8", flops="skip", hbm_bytes=int(fast.memory.total / 0.9))
+    near = analyze.analyze(
+        config, "v5p-8", flops="skip", step_time="skip", hbm_bytes=int(fast.memory.total / 0.9)
+    )
     assert (near.effort, near.fast_memory_per_chip_bytes) == ("full", fast.memory.total)
     assert near.memory_per_chip_bytes == near.memory.total and near.compile_seconds > 0
     assert "fast, then full" in format_report(near)
@@ -218,3 +226,18 @@ ENTRY %main (p: f32[2,2]) -> f32[2,2] {
 
 def test_only_loops_that_reach_a_matmul_count_as_undercounting():
     assert compile_step.matmul_loops(HLO) == 1
+
+
+@needs_libtpu
+def test_step_time_from_shallow_programs_is_the_deep_unrolled_programs():
+    """Two and three layers' differences, extrapolated, against the whole unrolled step."""
+    run = configuration.freeze(tiny_config(num_layers=3, num_decoder_layers=3))
+    devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
+    estimated = step_time.estimate(run, devices)
+    whole, _, _, _ = compile_step.compile_step(
+        compile_step.counting_config(run), devices, step_time.OPTIONS
+    )
+    direct = compile_step.estimated_seconds(compile_step.costs(whole))
+    assert estimated.encoder_layer_seconds > 0 and estimated.decoder_layer_seconds > 0
+    assert estimated.seconds == pytest.approx(direct, rel=0.02)
+    assert step_time.estimate(run, jax.devices("cpu")[:1]) is None  # no cost model of time

@@ -1,13 +1,20 @@
 """The FLOP report on a small model: XLA's cost analysis of the real step and of each
 region's own program, against the analytic formula (`flop_count`)."""
 
+import importlib.util
+
 import jax
 import pytest
 from tiny_configs import tiny_config
 
 from maelm_jax import configuration
-from maelm_jax.aot import flops_by_method
+from maelm_jax.aot import flops_by_method, topology
+from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="TPU compiles need libtpu"
+)
 
 # Wide enough that matmuls dominate and deep enough (6 encoder layers to the paper decoders'
 # 2) that skipping masked tokens in the encoder pays, as at real sizes.
@@ -72,3 +79,21 @@ def test_blocked_attention_and_lm_head_count_the_same(rows):
         configuration.freeze(config), jax.devices()[:1], 0.5, ("3ml_self",)
     )
     assert blocked.xla_total == pytest.approx(rows["3ml_self"].xla_total, rel=1e-6)
+
+
+def test_cpu_rows_carry_no_time_estimate(rows):
+    """The CPU compiler has no cost model of time: no number rather than a made-up one."""
+    assert all(r.seconds is None and r.time_ratio_to_mlm is None for r in rows.values())
+    assert "optimal_seconds" not in flops_by_method.format_table(list(rows.values()), "h")
+
+
+@needs_libtpu
+def test_tpu_rows_carry_the_compilers_step_time_split_by_region():
+    config = configuration.freeze(tiny_config(**(MODEL | {"num_layers": 2})))
+    devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
+    (row,) = flops_by_method.table(config, devices, 0.5, ("3ml_cross",))
+    assert row.seconds > 0 and row.time_ratio_to_mlm == 1.0  # its own baseline here
+    assert set(row.region_seconds) == set(flops_by_method.COLUMNS)
+    assert all(row.region_seconds[r] > 0 for r in ("encoder", "decoder", "optimizer"))
+    assert sum(row.region_seconds.values()) == pytest.approx(row.seconds)
+    assert "optimal_seconds" in flops_by_method.format_table([row], "h")

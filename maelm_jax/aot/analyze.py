@@ -3,6 +3,8 @@
 The module doc of `maelm_jax.compile` says how effort, FLOPs and the batch search work.
 """
 
+import concurrent.futures
+
 from maelm_jax.aot.compile_step import (
     FAST,
     NO_WINDOWED_EINSUM,
@@ -14,6 +16,7 @@ from maelm_jax.aot.compile_step import (
 from maelm_jax.aot.max_batch import max_batch
 from maelm_jax.aot.memory import memory_of
 from maelm_jax.aot.report import Report
+from maelm_jax.aot.step_time import estimate
 from maelm_jax.aot.topology import topology_devices
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
@@ -21,6 +24,7 @@ from maelm_jax.run_config import ConfigError, RunConfig
 
 FLOPS_MODES = ("analytic", "unrolled", "skip")
 EFFORTS = ("fast", "full")
+STEP_TIMES = ("estimate", "skip")
 # A fast total at this share of HBM or more is confirmed by a full compile: more than twice
 # the largest gap measured between the two (6.4%, three_ml_self_large at its largest batch).
 CONFIRM_SHARE = 0.85
@@ -54,28 +58,37 @@ def analyze(
     hbm_bytes: int | None = None,
     find_max_batch: bool = False,
     effort: str = "fast",
+    step_time: str = "estimate",
 ) -> Report:
     """Compiles `run`'s train step for `num_slices` x `topology` (e.g. "v5p-64").
 
     `hbm_bytes` replaces the chip's usable HBM in the `fits` verdict (to demand headroom);
     `find_max_batch` adds the largest global batch that fits (more compiles); `effort`: see
-    the module doc.
+    the module doc; `step_time="estimate"` adds XLA's estimate of the step's time
+    (`step_time.py`), compiled in a second thread beside the step: the TPU backend compiles
+    on one core, so on a machine with two the estimate costs little wall time.
     """
     if flops not in FLOPS_MODES:
         raise ConfigError(f"flops={flops!r} is not allowed; use one of {FLOPS_MODES}")
     if effort not in EFFORTS:
         raise ConfigError(f"effort={effort!r} is not allowed; use one of {EFFORTS}")
+    if step_time not in STEP_TIMES:
+        raise ConfigError(f"step_time={step_time!r} is not allowed; use one of {STEP_TIMES}")
     slice_ = tpu_chips.parse(topology)
     devices = topology_devices(slice_, num_slices)
     hbm = hbm_bytes or slice_.chip.usable_hbm_bytes
-    compiled, oom, mesh, seconds = compile_step(run, devices, FAST if effort == "fast" else None)
-    memory, needed = memory_of(compiled, oom)
-    fast_total = None
-    if effort == "fast" and (memory is None or memory.total >= CONFIRM_SHARE * hbm):
-        fast_total = needed
-        compiled, oom, mesh, more = compile_step(run, devices)
-        seconds, effort = seconds + more, "full"
+    fast = FAST if effort == "fast" else None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        timing = pool.submit(estimate, run, devices) if step_time == "estimate" else None
+        compiled, oom, mesh, seconds = compile_step(run, devices, fast)
         memory, needed = memory_of(compiled, oom)
+        fast_total = None
+        if effort == "fast" and (memory is None or memory.total >= CONFIRM_SHARE * hbm):
+            fast_total = needed
+            compiled, oom, mesh, more = compile_step(run, devices)
+            seconds, effort = seconds + more, "full"
+            memory, needed = memory_of(compiled, oom)
+        estimated = None if timing is None else timing.result()
     fits = compiled is not None and memory.total <= hbm
 
     per_device, source, flops_seconds = _count_flops(run, devices, compiled, flops)
@@ -104,5 +117,6 @@ def analyze(
         flops_compile_seconds=flops_seconds,
         peak_flops_per_chip=slice_.chip.peak_bf16_flops,
         model_flops_per_step=flop_count.step_flops(run, flop_count.num_params(run)),
+        step_time=estimated,
         max_batch=max_batch(run, devices, hbm, known) if find_max_batch else None,
     )

@@ -60,11 +60,22 @@ def matmul_loops(hlo: str) -> int:
     return sum(reaches_matmul(body, set()) for body in loops)
 
 
+def costs(compiled) -> dict:
+    """XLA's cost analysis of a compiled program, per device (a loop body counted once)."""
+    analysis = compiled.cost_analysis()
+    return analysis[0] if isinstance(analysis, list) else analysis
+
+
 def xla_flops(compiled) -> float:
-    """XLA's FLOP count of a compiled program, per device (a loop body counted once)."""
-    costs = compiled.cost_analysis()
-    costs = costs[0] if isinstance(costs, list) else costs
-    return float(costs["flops"])
+    return float(costs(compiled)["flops"])
+
+
+def estimated_seconds(analysis: dict) -> float | None:
+    """XLA's cost-model time of a program on one of its devices (`optimal_seconds`; TPU
+    targets only, the CPU compiler has none): what the compiler optimises against, an
+    estimate and not a clock."""
+    value = analysis.get("optimal_seconds")
+    return float(value) if value and value > 0 else None
 
 
 def counting_config(run: RunConfig) -> RunConfig:

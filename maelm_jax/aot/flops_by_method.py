@@ -79,6 +79,11 @@ class Row:
     bytes_accessed: float
     tokens: int  # batch x seq_len
     ratio_to_mlm: float = 0.0
+    # XLA's TPU cost model (`optimal_seconds`): an estimate of the step's time on a chip,
+    # not a measurement; None where the target has no such model (CPU).
+    seconds: float | None = None
+    region_seconds: dict | None = None  # COLUMNS -> estimated seconds per step
+    time_ratio_to_mlm: float | None = None
 
     @property
     def xla_over_analytic(self) -> float:
@@ -87,11 +92,6 @@ class Row:
     @property
     def flops_per_token(self) -> float:
         return self.xla_total / self.tokens
-
-
-def _costs(compiled) -> dict:
-    costs = compiled.cost_analysis()
-    return costs[0] if isinstance(costs, list) else costs
 
 
 def _shape(shape, dtype, device):
@@ -200,15 +200,28 @@ def measure(run: RunConfig, method: str, devices, mask_rate=None) -> Row:
     compiled, oom, _, _ = aot.compile_step(c, devices, options)
     if compiled is None:
         raise ConfigError(f"the {method} step does not fit in memory: {oom.splitlines()[0]}")
-    costs = _costs(compiled)
+    costs = aot.costs(compiled)
     total = float(costs["flops"]) * len(devices)
-    xla = {}
+    seconds = aot.estimated_seconds(costs)
+    xla, times = {}, {}
     per_device = c.batch_size // len(devices)
-    for name, (fn, args) in region_programs(c, per_device, devices[0]).items():
-        scale = 1 if name == "optimizer" else len(devices)
-        xla[name] = float(_costs(jax.jit(fn).lower(*args).compile())["flops"]) * scale
+    regions = region_programs(c, per_device, devices[0])
+    for name, (fn, args) in regions.items():
+        region = aot.costs(jax.jit(fn).lower(*args).compile())
+        # A region runs on one chip's share of the batch, as each chip runs it in the step
+        # (all chips at once): its FLOPs count every chip, its time one. The optimizer
+        # program updates every parameter on one chip; the step shards it over all.
+        optimizer = name == "optimizer"
+        xla[name] = float(region["flops"]) * (1 if optimizer else len(devices))
+        region_time = aot.estimated_seconds(region)
+        if region_time is not None:
+            times[name] = region_time / (len(devices) if optimizer else 1)
     xla = {name: xla.get(name, 0.0) for name in flop_count.REGIONS}
     xla["other"] = total - sum(xla.values())
+    region_seconds = None
+    if seconds is not None and len(times) == len(regions):
+        region_seconds = {name: times.get(name, 0.0) for name in flop_count.REGIONS}
+        region_seconds["other"] = seconds - sum(region_seconds.values())
     analytic = flop_count.region_flops(c, flop_count.num_params(c))
     return Row(
         method=method,
@@ -220,13 +233,22 @@ def measure(run: RunConfig, method: str, devices, mask_rate=None) -> Row:
         analytic_total=sum(analytic.values()),
         bytes_accessed=float(costs.get("bytes accessed", 0.0)) * len(devices),
         tokens=c.batch_size * c.seq_len,
+        seconds=seconds,
+        region_seconds=region_seconds,
     )
 
 
 def table(run: RunConfig, devices, mask_rate=None, methods=tuple(METHODS)) -> list[Row]:
     rows = [measure(run, m, devices, mask_rate) for m in methods]
-    base = rows[0].xla_total
-    return [dataclasses.replace(r, ratio_to_mlm=r.xla_total / base) for r in rows]
+    base, base_seconds = rows[0].xla_total, rows[0].seconds
+    return [
+        dataclasses.replace(
+            r,
+            ratio_to_mlm=r.xla_total / base,
+            time_ratio_to_mlm=None if r.seconds is None else r.seconds / base_seconds,
+        )
+        for r in rows
+    ]
 
 
 def format_table(rows: list[Row], header: str) -> str:
@@ -243,6 +265,21 @@ def format_table(rows: list[Row], header: str) -> str:
             f" {r.bytes_accessed / 1e9:>8.2f} {r.flops_per_token / 1e6:>8.2f}M"
         )
         lines.append(line)
+    if all(r.region_seconds for r in rows):
+        lines += [
+            "XLA's TPU cost model (optimal_seconds), an estimate of one chip's time, not a "
+            "measurement (ms per step)",
+            f"{'method':10}"
+            + "".join(f" {c:>10}" for c in COLUMNS)
+            + f" {'step':>10} {'time/mlm':>8} {'FLOPs/mlm':>9} {'excess':>7}",
+        ]
+        for r in rows:
+            lines.append(
+                f"{r.method:10}"
+                + "".join(f" {r.region_seconds[c] * 1e3:>10.2f}" for c in COLUMNS)
+                + f" {r.seconds * 1e3:>10.2f} {r.time_ratio_to_mlm:>8.3f} {r.ratio_to_mlm:>9.3f}"
+                + f" {r.time_ratio_to_mlm - r.ratio_to_mlm:>+7.3f}"
+            )
     outside = [r.method for r in rows if not 1 <= r.xla_over_analytic <= 1 + flop_count.TOLERANCE]
     lines.append(
         f"XLA/analytic within [1, {1 + flop_count.TOLERANCE:g}]: "

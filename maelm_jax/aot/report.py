@@ -4,6 +4,7 @@ import dataclasses
 
 from maelm_jax.aot.max_batch import MaxBatch
 from maelm_jax.aot.memory import Memory, oom_summary
+from maelm_jax.aot.step_time import StepTime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,26 @@ class Report:
     peak_flops_per_chip: float
     model_flops_per_step: float  # flop_count's, whatever the source above
     max_batch: MaxBatch | None = None
+    step_time: StepTime | None = None  # XLA's cost model, not a measurement
+
+    @property
+    def estimated_step_seconds(self) -> float | None:
+        return None if self.step_time is None else self.step_time.seconds
+
+    @property
+    def estimated_mfu(self) -> float | None:
+        """Model FLOPs (`flop_count`'s) over what the chips could do at peak in the
+        estimated step time: the MFU a run would log if the estimate held."""
+        if self.step_time is None:
+            return None
+        peak = self.num_devices * self.peak_flops_per_chip * self.step_time.seconds
+        return self.model_flops_per_step / peak
+
+    @property
+    def estimated_tokens_per_sec(self) -> float | None:
+        if self.step_time is None:
+            return None
+        return self.batch_size * self.seq_len / self.step_time.seconds
 
     @property
     def step_seconds_lower_bound(self) -> float | None:
@@ -44,6 +65,9 @@ class Report:
         if self.memory is not None:
             out["memory"]["total"] = self.memory.total
         out["step_seconds_lower_bound"] = self.step_seconds_lower_bound
+        out["estimated_step_seconds"] = self.estimated_step_seconds
+        out["estimated_mfu"] = self.estimated_mfu
+        out["estimated_tokens_per_sec"] = self.estimated_tokens_per_sec
         return out
 
 
@@ -103,6 +127,16 @@ def format_report(r: Report) -> str:
             f"step time >= {r.step_seconds_lower_bound:.3g} s at {r.peak_flops_per_chip / 1e12:g}"
             f" TFLOP/s bf16 peak per chip (<= {tokens:,.0f} tokens/s)",
         ]
+    if r.step_time:
+        t = r.step_time
+        lines.append(
+            f"step time ~ {t.seconds:.3g} s, ~ {r.estimated_tokens_per_sec:,.0f} tokens/s, "
+            f"MFU ~ {r.estimated_mfu:.1%}: XLA's TPU cost model (optimal_seconds), an estimate, "
+            f"not a measurement (one-layer program {t.one_layer_seconds * 1e3:.1f} ms + "
+            f"{t.encoder_layer_seconds * 1e3:.2f} ms per encoder layer + "
+            f"{t.decoder_layer_seconds * 1e3:.2f} ms per decoder layer, unrolled; "
+            f"{t.compile_seconds:.0f} s of compiles beside the step's)"
+        )
     if r.max_batch:
         mb = r.max_batch
         probes = ", ".join(f"{b} {'fits' if ok else 'no'}" for b, ok, _ in mb.probes)
