@@ -16,7 +16,7 @@ from maelm_jax.aot.compile_step import (
 from maelm_jax.aot.max_batch import max_batch
 from maelm_jax.aot.memory import memory_of
 from maelm_jax.aot.report import Report
-from maelm_jax.aot.step_time import estimate
+from maelm_jax.aot.step_time import Unavailable, estimate
 from maelm_jax.aot.topology import topology_devices
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
@@ -88,7 +88,11 @@ def analyze(
             compiled, oom, mesh, more = compile_step(run, devices)
             seconds, effort = seconds + more, "full"
             memory, needed = memory_of(compiled, oom)
-        estimated = None if timing is None else timing.result()
+        estimated, no_estimate = None, None
+        try:
+            estimated = None if timing is None else timing.result()
+        except Unavailable as e:
+            no_estimate = str(e)
     fits = compiled is not None and memory.total <= hbm
 
     per_device, source, flops_seconds = _count_flops(run, devices, compiled, flops)
@@ -118,5 +122,6 @@ def analyze(
         peak_flops_per_chip=slice_.chip.peak_bf16_flops,
         model_flops_per_step=flop_count.step_flops(run, flop_count.num_params(run)),
         step_time=estimated,
+        step_time_unavailable=no_estimate,
         max_batch=max_batch(run, devices, hbm, known) if find_max_batch else None,
     )

@@ -33,6 +33,7 @@ class Report:
     model_flops_per_step: float  # flop_count's, whatever the source above
     max_batch: MaxBatch | None = None
     step_time: StepTime | None = None  # XLA's cost model, not a measurement
+    step_time_unavailable: str | None = None  # why there is no estimate, if asked for one
 
     @property
     def estimated_step_seconds(self) -> float | None:
@@ -137,6 +138,8 @@ def format_report(r: Report) -> str:
             f"{t.decoder_layer_seconds * 1e3:.2f} ms per decoder layer, unrolled; "
             f"{t.compile_seconds:.0f} s of compiles beside the step's)"
         )
+    if r.step_time_unavailable:
+        lines.append(f"step time estimate: none ({r.step_time_unavailable})")
     if r.max_batch:
         mb = r.max_batch
         probes = ", ".join(f"{b} {'fits' if ok else 'no'}" for b, ok, _ in mb.probes)

@@ -48,21 +48,32 @@ def shallow(run: RunConfig, encoder_layers: int, decoder_layers: int) -> RunConf
     return configuration.override(counting_config(run), changes)
 
 
-def estimate(run: RunConfig, devices: list) -> StepTime | None:
-    """The step's estimated time on `devices` (TPU compile-only devices); None where the
-    compiler has no cost model of time or a shallow program does not fit."""
+class Unavailable(Exception):
+    """The compiler gives no estimate for this step; the message says why."""
+
+
+def estimate(run: RunConfig, devices: list) -> StepTime:
+    """The step's estimated time on `devices` (TPU compile-only devices); `Unavailable` where
+    the compiler has no cost model of time, a shallow program does not fit, or the model
+    has no estimate for part of a program (it then reports a negative time)."""
     if devices[0].platform != "tpu":
-        return None  # XLA's CPU and GPU compilers report no optimal_seconds
+        raise Unavailable(f"XLA's {devices[0].platform} compiler has no cost model of time")
     start = time.perf_counter()
     shapes = [(1, 1), (2, 1)] + ([(1, 2)] if run.model.num_decoder_layers else [])
     seconds = []
     for encoder_layers, decoder_layers in shapes:
-        compiled, _, _, _ = compile_step(
-            shallow(run, encoder_layers, decoder_layers), devices, OPTIONS
-        )
-        value = None if compiled is None else estimated_seconds(costs(compiled))
+        program = shallow(run, encoder_layers, decoder_layers)
+        compiled, oom, _, _ = compile_step(program, devices, OPTIONS)
+        layers = f"{encoder_layers} + {program.model.num_decoder_layers}-layer program"
+        if compiled is None:
+            raise Unavailable(f"the {layers} does not fit in HBM ({oom.splitlines()[0]})")
+        analysis = costs(compiled)
+        value = estimated_seconds(analysis)
         if value is None:
-            return None
+            raise Unavailable(
+                f"XLA's cost model gives the {layers} optimal_seconds="
+                f"{analysis.get('optimal_seconds')}: no estimate for part of it"
+            )
         seconds.append(value)
     base, encoder = seconds[0], seconds[1] - seconds[0]
     decoder = seconds[2] - seconds[0] if len(seconds) == 3 else 0.0
