@@ -9,8 +9,11 @@ from test_model import build, run
 from tiny_configs import frozen, tiny_config
 
 from maelm_jax.model.attention import (
+    RelativeBias,
     RelativePositionBias,
     bucket_distances,
+    bucket_edges,
+    offset_buckets,
     relative_position_buckets,
 )
 
@@ -123,25 +126,26 @@ def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path)
     """attention_query_chunk: 7 queries in blocks of 3 (the last padded) against one block,
     with segments, a query that sees no key, and the factored relative bias at the kept
     tokens' original positions; equal outputs and equal gradients for q, k, v and the bias."""
-    from maelm_jax.model.attention import RelativeBias, attend
+    from maelm_jax.model.attention import attend
 
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     q = jax.random.normal(keys[0], (2, 7, 3, 4))
     k, v = (jax.random.normal(key, (2, 6, 3, 4)) for key in keys[1:3])
-    by_offset = jax.random.normal(keys[3], (2 * 16 - 1, 3))
+    by_bucket = jax.random.normal(keys[3], (16, 3))
+    edges, zero = bucket_edges(16, 12, 16)
     q_pos = jnp.array([[0, 2, 3, 5, 8, 9, 15], [1, 2, 4, 6, 7, 11, 12]])
     k_pos = jnp.array([[0, 1, 4, 6, 7, 10], [0, 3, 5, 8, 9, 10]])
     q_seg = jnp.array([[1, 1, 2, 0, 3, 2, 1], [1, 2, 2, 2, 0, 1, 1]])
     k_seg = jnp.array([[1, 2, 2, 1, 0, 0], [2, 2, 1, 1, 1, 0]])
     rng = jax.random.PRNGKey(1) if with_dropout_path else None  # rate 0: no draw differs
 
-    def loss(q, k, v, by_offset, chunk):
-        bias = RelativeBias(by_offset, q_pos, k_pos)
+    def loss(q, k, v, by_bucket, chunk):
+        bias = RelativeBias(by_bucket, q_pos, k_pos, edges, zero)
         out = attend(q, k, v, q_seg, k_seg, bias, 0.0, rng, query_chunk=chunk)
         return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape))), out
 
     grad = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
-    (whole, out_whole), (blocked, out_blocked) = (grad(q, k, v, by_offset, c) for c in (0, 3))
+    (whole, out_whole), (blocked, out_blocked) = (grad(q, k, v, by_bucket, c) for c in (0, 3))
     np.testing.assert_allclose(out_blocked, out_whole, atol=1e-5)
     np.testing.assert_array_equal(out_blocked[0, 4], 0.0)  # segment 3 has no key
     for a, b in zip(blocked, whole, strict=True):
@@ -149,33 +153,48 @@ def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path)
     assert np.abs(whole[3]).max() > 0  # the bias's gradient is not trivially zero
     # The blocked program holds no [B, N, T, S] array; the whole one does.
     shapes = {
-        c: str(jax.make_jaxpr(lambda *a, c=c: grad(*a, c))(q, k, v, by_offset)) for c in (0, 3)
+        c: str(jax.make_jaxpr(lambda *a, c=c: grad(*a, c))(q, k, v, by_bucket)) for c in (0, 3)
     }
     assert "f32[2,3,7,6]" in shapes[0] and "f32[2,3,7,6]" not in shapes[3]
 
 
-@pytest.mark.parametrize("keys,slices", [(1, 1), (10, 5), (16, 8), (29, 1)])
-def test_offset_lookup_gradient_in_key_slices_equals_the_scatter(keys, slices):
-    """`lookup_offsets` scatters its gradient in slices of the keys (the largest divisor of
-    S up to 8); the table gradient equals plain indexing's, colliding offsets summed."""
-    from maelm_jax.model.attention import lookup_offsets
+@pytest.mark.parametrize(
+    "buckets,max_distance,positions",
+    [(64, 128, 512), (128, 256, 512), (32, 128, 128), (16, 12, 16)],
+)
+def test_bucket_edges_give_every_offsets_official_bucket(buckets, max_distance, positions):
+    """The in-graph buckets (counts of edges reached) are the host table's, for every offset
+    a model of `positions` can meet."""
+    edges, zero = bucket_edges(buckets, max_distance, positions)
+    offsets = np.arange(-(positions - 1), positions)
+    np.testing.assert_array_equal(
+        offset_buckets(jnp.asarray(offsets), edges, zero),
+        relative_position_buckets(buckets, max_distance, positions),
+    )
 
-    rngs = jax.random.split(jax.random.PRNGKey(keys), 3)
-    table = jax.random.normal(rngs[0], (2 * 16 - 1, 3))
-    relative = jax.random.randint(rngs[1], (4, 5, keys), 0, 2 * 16 - 1)
-    weights = jax.random.normal(rngs[2], (4, 3, 5, keys))
 
-    def plain(t, r):
-        return jnp.transpose(t[r], (0, 3, 1, 2))
+def test_one_hot_bias_equals_the_table_lookup_in_values_and_gradients():
+    """The bias as a one-hot contraction against the [buckets, N] table: the same values as
+    indexing the table by each score's bucket, and the same table gradient as that gather's
+    scatter-add (colliding buckets summed)."""
+    positions, buckets, heads = 64, 32, 3
+    rngs = jax.random.split(jax.random.PRNGKey(0), 4)
+    table = jax.random.normal(rngs[0], (buckets, heads))
+    q_pos = jnp.sort(jax.random.choice(rngs[1], positions, (2, 9), replace=False), axis=-1)
+    k_pos = jnp.sort(jax.random.randint(rngs[2], (2, 11), 0, positions), axis=-1)
+    weights = jax.random.normal(rngs[3], (2, heads, 9, 11))
+    edges, zero = bucket_edges(buckets, 40, positions)
+    lookup = jnp.asarray(relative_position_buckets(buckets, 40, positions))
 
-    def grad(lookup):
-        return jax.jit(jax.grad(lambda t: jnp.sum(lookup(t, relative) * weights)))
+    def contracted(t):
+        return RelativeBias(t, q_pos, k_pos, edges, zero).dense()
 
-    np.testing.assert_array_equal(lookup_offsets(table, relative), plain(table, relative))
-    sliced, whole = grad(lookup_offsets)(table), grad(plain)(table)
-    np.testing.assert_allclose(sliced, whole, rtol=1e-5, atol=1e-5)
-    assert np.count_nonzero(np.asarray(whole)) > table.size // 3
-    hlo = grad(lookup_offsets).lower(table).as_text()
-    assert ("stablehlo.while" in hlo) == (slices > 1)
-    if slices > 1:  # each scatter adds one slice of the keys
-        assert f"tensor<4x5x{keys // slices}x1xi32>" in hlo
+    def indexed(t):  # [B, T, S, N] -> [B, N, T, S]
+        return jnp.moveaxis(t[lookup[k_pos[:, None, :] - q_pos[:, :, None] + positions - 1]], -1, 1)
+
+    np.testing.assert_array_equal(contracted(table), indexed(table))
+    grads = [jax.grad(lambda t, f=f: jnp.sum(f(t) * weights))(table) for f in (contracted, indexed)]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-5)
+    assert np.count_nonzero(np.asarray(grads[1])) > buckets // 3
+    hlo = jax.jit(jax.grad(lambda t: jnp.sum(contracted(t) * weights))).lower(table).as_text()
+    assert "gather" not in hlo and "scatter" not in hlo  # matmuls, on a TPU's MXU

@@ -13,7 +13,7 @@ Memory: the scores of a whole layer, [B, N, T, S] floats, are the largest tempor
 large config's step (several live at once in the backward pass), and the MAE-LM encoder's
 relative bias is one more of that size per example, plus its gradient, held across all
 layers when it is materialised once per stack. So the bias travels factored
-(`RelativeBias`: a [2P - 1, N] table of every offset's bias and the tokens' positions),
+(`RelativeBias`: the [buckets, N] table and the tokens' positions),
 and `model.attention_query_chunk` splits the queries into blocks that each build their
 bias, scores and probabilities, and recompute them in the backward pass: temporaries of
 [B, N, chunk, S] instead of [B, N, T, S], for a second pass over the scores.
@@ -96,67 +96,59 @@ def segment_mask(query_segments, key_segments):
 class RelativeBias:
     """A relative position bias in factored form; `dense` expands it.
 
-    Passed as is through a layer stack, it costs [2P - 1, N] floats and the positions, and
-    its gradient accumulates in the same small table. Materialised once per stack instead,
-    the MAE-LM encoder's bias is [B, N, T, S] per example (the kept tokens' distances
-    differ), and so is its gradient accumulator, both live across every layer.
+    Passed as is through a layer stack, it costs the [buckets, N] table and the positions,
+    and its gradient accumulates in the same small table. Materialised once per stack
+    instead, the MAE-LM encoder's bias is [B, N, T, S] per example (the kept tokens'
+    distances differ), and so is its gradient accumulator, both live across every layer.
     """
 
-    by_offset: jax.Array  # [2P - 1, N] float32: the bias of offset key - query, at d + P - 1
+    table: jax.Array  # [buckets, N] float32: each bucket's bias, per head
     query_positions: jax.Array  # [B|1, T] int: original positions
     key_positions: jax.Array  # [B|1, S] int
+    edges: tuple[int, ...] = flax.struct.field(pytree_node=False)  # `bucket_edges`
+    zero_bucket: int = flax.struct.field(pytree_node=False)  # the bucket of offset 0
 
     def dense(self, dtype=jnp.float32) -> jax.Array:
-        """[B|1, N, T, S] in `dtype`; gathered in float32 so its gradient sums in float32."""
-        last = self.by_offset.shape[0] // 2  # P - 1
-        relative = self.key_positions[:, None, :] - self.query_positions[:, :, None] + last
-        return lookup_offsets(self.by_offset, relative).astype(dtype)
+        """[B|1, N, T, S] in `dtype`, computed in float32 so its gradient sums in float32.
+
+        Written for the TPU: each offset's bucket is a count of the bucket edges it reaches
+        (elementwise, fused), and the bias a contraction of that bucket's one-hot with the
+        table, so the forward pass is a matmul and the table's gradient another. A lookup
+        in the table is a gather per score and its gradient a scatter-add with colliding
+        indices, which a TPU serialises: XLA's cost model put the MAE-LM base step at 2.8x
+        MLM's time for 1.12x its FLOPs that way (README, "Three clocks").
+        """
+        offsets = self.key_positions[:, None, :] - self.query_positions[:, :, None]
+        buckets = offset_buckets(offsets, self.edges, self.zero_bucket)  # [B|1, T, S]
+        one_hot = buckets[..., None] == jnp.arange(self.table.shape[0])
+        # A selection, exact as a lookup is: in float32 at full precision (a TPU or GPU
+        # would otherwise round the table to bf16 or TF32); for a bf16 bias, rounding the
+        # table to bf16 gives the bias the lookup did, at the MXU's bf16 rate.
+        full = jnp.dtype(dtype) == jnp.float32
+        bias = jnp.einsum(
+            "btsk,kn->bnts",
+            one_hot.astype(jnp.float32),
+            self.table,
+            precision=jax.lax.Precision.HIGHEST if full else jax.lax.Precision.DEFAULT,
+        )
+        return bias.astype(dtype)
 
 
-# At most this many slices of the keys in the table gradient's scatter-add (`lookup_offsets`).
-_SCATTER_STEPS = 8
+def bucket_edges(num_buckets: int, max_distance: int, max_positions: int):
+    """(edges, zero bucket): offset d's bucket is `zero + sign(d) * #{e in edges: |d| >= e}`,
+    exactly `relative_position_buckets`'s entry for d (tests hold every offset to it)."""
+    table = relative_position_buckets(num_buckets, max_distance, max_positions)
+    zero = int(table[max_positions - 1])
+    magnitude = table[max_positions - 1 :] - zero  # offsets 0, 1, ..., P - 1
+    edges = tuple(int(np.argmax(magnitude >= m)) for m in range(1, int(magnitude.max()) + 1))
+    return edges, zero
 
 
-@jax.custom_vjp
-def lookup_offsets(by_offset, relative):
-    """by_offset [O, N], relative int [B, T, S] -> by_offset[relative] as [B, N, T, S].
-
-    The gradient is a scatter-add of [B, T, S, N] updates into the table, with colliding
-    indices, which a TPU compiles as a sort whose buffers put the N heads minor, padded to
-    128 lanes: for the MAE-LM encoder (a block of 109 queries, 435 keys, 64 rows per chip)
-    several 1.45 GiB temporaries, the step's largest. The backward here scatters the keys in
-    slices (the largest divisor of S up to `_SCATTER_STEPS`: 5 of 87 for 435 keys), one at a
-    time, so those buffers shrink by that factor. Slicing the keys, not the batch, leaves the
-    batch-sharded axis as it is: a batch slice that does not divide the rows per device
-    would move rows between devices.
-    """
-    # One gather per head: a single gather of [N]-wide rows puts the heads minor, padded to
-    # 128 lanes (0.47 GiB more per chip for MAE-LM large at 64 sequences per chip, v5p-8).
-    return jnp.stack([by_offset[:, n][relative] for n in range(by_offset.shape[1])], axis=1)
-
-
-def _lookup_offsets_fwd(by_offset, relative):
-    return lookup_offsets(by_offset, relative), (relative, by_offset)
-
-
-def _lookup_offsets_bwd(residuals, g):
-    relative, by_offset = residuals  # the table only for its shape: the lookup is linear in it
-    zeros = jnp.zeros_like(by_offset)
-    keys = relative.shape[-1]
-    steps = max(d for d in range(1, _SCATTER_STEPS + 1) if keys % d == 0)
-    width = keys // steps
-
-    def add(i, table):
-        rows = jax.lax.dynamic_slice_in_dim(relative, i * width, width, axis=2)
-        updates = jax.lax.dynamic_slice_in_dim(g, i * width, width, axis=3)
-        return table.at[rows].add(jnp.transpose(updates, (0, 2, 3, 1)).astype(table.dtype))
-
-    if steps == 1:
-        return add(0, zeros), None
-    return jax.lax.fori_loop(0, steps, add, zeros), None
-
-
-lookup_offsets.defvjp(_lookup_offsets_fwd, _lookup_offsets_bwd)
+def offset_buckets(offsets, edges: tuple[int, ...], zero_bucket: int):
+    """int offsets (key - query), any shape -> their buckets (`bucket_edges`); elementwise."""
+    distance = jnp.abs(offsets)
+    magnitude = sum((distance >= e).astype(jnp.int32) for e in edges)
+    return zero_bucket + jnp.sign(offsets) * magnitude
 
 
 def _dense(bias, dtype):
@@ -328,9 +320,9 @@ class RelativePositionBias(nn.Module):
             (cfg.relative_attention_buckets, cfg.num_heads),
             jnp.float32,
         )
-        offsets = relative_position_buckets(
+        edges, zero = bucket_edges(
             cfg.relative_attention_buckets,
             cfg.relative_attention_max_distance,
             cfg.max_positions,
         )
-        return RelativeBias(table[jnp.asarray(offsets)], query_positions, key_positions)
+        return RelativeBias(table, query_positions, key_positions, edges, zero)
