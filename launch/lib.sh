@@ -182,7 +182,8 @@ default_runtime_version() {
 # --- The steps, shared by the scripts named after them and by watch.sh ---
 
 # Compiles the config for the topology here, on this machine's CPU (libtpu, no TPU), and
-# stops the script unless it fits: nothing is created for a config that cannot run. Runs
+# stops the script unless it fits (memory only: no FLOP count, no step-time estimate):
+# nothing is created for a config that cannot run. Runs
 # under --dry-run too (it is local and free). --compile_json=FILE takes the --json output of
 # an earlier `python -m maelm_jax.compile` for the same topology instead of compiling again.
 preflight() {
@@ -193,7 +194,7 @@ preflight() {
   else
     report=$(mktemp)
     local cmd=(python -m maelm_jax.compile "--config=$opt_config" "--topology=$opt_accelerator_type"
-      "--num_slices=$n" --flops=skip --json)
+      "--num_slices=$n" --flops=skip --step_time=skip --json)
     if [[ -n ${opt_hbm_bytes:-} ]]; then cmd+=("--hbm_bytes=$opt_hbm_bytes"); fi
     cmd+=("${PASSTHROUGH[@]}")
     if ((DRY_RUN)); then command_line "${cmd[@]}" >&3; fi

@@ -271,7 +271,7 @@ def test_preflight_refuses_a_config_that_does_not_fit(tmp_path):
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [
         f"python -m maelm_jax.compile --config={config} --topology=v4-8 --num_slices=1 "
-        "--flops=skip --json --hbm_bytes=65536"
+        "--flops=skip --step_time=skip --json --hbm_bytes=65536"
     ]  # the compile ran; no gcloud command was printed
     assert "DOES NOT FIT" in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
