@@ -6,7 +6,7 @@ import ml_collections
 
 from configs import default
 from maelm_jax import configuration
-from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.training import programs
 
 VOCAB = 300
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -37,16 +37,10 @@ def tiny_config(objective="mae_lm", decoder="self", seq_len=32, **model_override
 
 
 def frozen(c, vocab=VOCAB):
-    """(ModelConfig, MaskingConfig) for a tiny config with the project's special ids."""
-    run = configuration.freeze(c)
-    return run.model.for_vocab(vocab), run.masking.for_tokenizer(
-        vocab_size=vocab,
-        mask_id=MASK_ID,
-        pad_id=PAD_ID,
-        eos_id=EOS_ID,
-        special_ids=(BOS_ID, PAD_ID, EOS_ID),
-        first_regular_id=FIRST_REGULAR_ID,
-    )
+    """(ModelConfig, MaskingConfig) for a tiny config with the project's special ids, as
+    training builds them."""
+    model, masking = programs.model_and_masking(configuration.freeze(c), vocab)
+    return model.config, masking
 
 
 def tiny_run_config(dataset: str, /, **overrides):
