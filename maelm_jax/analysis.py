@@ -17,7 +17,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """Called by `__main__` only, so tests can import this module beside others."""
+    """Called by `__main__` only: importing the module defines no flags."""
     flags.DEFINE_string("workdir", None, "Training workdir (local or gs://) holding checkpoints/.")
     flags.DEFINE_string("output_dir", None, "Directory for rank.json and rank.png.")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest usable).")
