@@ -20,6 +20,7 @@ from absl import logging
 from maelm_jax import paths
 from maelm_jax.model import remat
 from maelm_jax.run_config import (
+    ATTENTION_IMPLS,
     DECODERS,
     DTYPES,
     MASK_TOKEN_SOURCES,
@@ -137,6 +138,8 @@ RULES: dict[str, Rule] = {
     "model.decoder_remat_policy": one_of(REMAT_POLICIES),
     "model.attention_query_chunk": at_least(0),
     "model.lm_head_chunk": at_least(0),
+    "model.attention_impl": one_of(ATTENTION_IMPLS),
+    "model.float32_attention_logits": one_of((False, True)),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),
 }
@@ -277,6 +280,8 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             lm_head_chunk=m.lm_head_chunk,
             layer_norm_epsilon=m.layer_norm_epsilon,
             init_std=m.init_std,
+            attention_impl=m.attention_impl,
+            float32_attention_logits=m.float32_attention_logits,
         ),
         masking=MaskingSettings(
             objective=config.objective,
@@ -362,6 +367,8 @@ _BEFORE_KEY_EXISTED = {
     "attention_dropout_rate": 0.0,
     "decoder_attention_dropout_rate": 0.0,
     "mask_token_source": "learned",
+    "attention_impl": "xla",
+    "float32_attention_logits": True,
 }
 
 

@@ -22,6 +22,7 @@ DECODERS = ("self", "cross")
 NONFINITE_POLICIES = ("stop", "skip")
 PACKINGS = ("segmented", "concatenated")  # see model/segments.py
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
+ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 VOCAB_MULTIPLE = 128
 
@@ -70,10 +71,31 @@ class ModelConfig:
     lm_head_chunk: int
     layer_norm_epsilon: float
     init_std: float
+    attention_impl: str = "auto"  # ATTENTION_IMPLS; `for_platform` makes "auto" concrete
+    float32_attention_logits: bool = False
+    kernel_interpret: bool = False  # Pallas kernels in the interpreter (splash on CPU)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    def for_platform(self, platform: str) -> "ModelConfig":
+        """This model on `platform`'s devices ("tpu", "gpu", "cpu"): `attention_impl` "auto"
+        becomes splash on TPU, cuDNN on GPU and xla elsewhere; an explicit kernel must run
+        where it exists (splash runs on CPU, in the Pallas interpreter, for tests). Until
+        then "auto" computes as "xla", so a model built without devices in mind (export,
+        analysis) is the XLA one."""
+        impl = self.attention_impl
+        if impl == "auto":
+            impl = {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")
+        kernel_platforms = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",)}
+        if platform not in kernel_platforms.get(impl, (platform,)):
+            raise ConfigError(
+                f"model.attention_impl={impl!r} cannot run on {platform} devices; use "
+                f"'auto' or 'xla' (splash: TPU, cudnn: GPU)"
+            )
+        interpret = impl == "splash" and platform == "cpu"
+        return dataclasses.replace(self, attention_impl=impl, kernel_interpret=interpret)
 
     def for_vocab(self, vocab_size: int) -> "ModelConfig":
         """This model for a tokenizer of `vocab_size` pieces (padded here)."""

@@ -8,7 +8,7 @@ import pytest
 from test_model import build, run
 from tiny_configs import frozen, tiny_config
 
-from maelm_jax.model.attention import (
+from maelm_jax.model.relative_bias import (
     RelativeBias,
     RelativePositionBias,
     bucket_distances,
@@ -198,3 +198,43 @@ def test_one_hot_bias_equals_the_table_lookup_in_values_and_gradients():
     assert np.count_nonzero(np.asarray(grads[1])) > buckets // 3
     hlo = jax.jit(jax.grad(lambda t: jnp.sum(contracted(t) * weights))).lower(table).as_text()
     assert "gather" not in hlo and "scatter" not in hlo  # matmuls, on a TPU's MXU
+
+
+def test_a_stacks_bias_made_once_gives_the_factored_values_and_gradients():
+    """`stack_bias`: the bias a layer stack makes once (dense, or cut into the query blocks
+    where `attend` splits the queries) gives every layer the outputs, and the table the
+    gradient, of building the bias from the factored form in each layer; shared positions
+    ([1, T]) give one bias for the whole batch."""
+    from maelm_jax.model.attention import QueryBlocks, attend, stack_bias
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(keys[0], (2, 7, 3, 4))
+    k, v = (jax.random.normal(key, (2, 7, 3, 4)) for key in keys[1:3])
+    table = jax.random.normal(keys[3], (16, 3))
+    edges, zero = bucket_edges(16, 12, 16)
+    seg = jnp.array([[1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 2, 2, 2]])
+    cases = {"per row": jnp.array([[0, 2, 3, 5, 8, 9, 15], [1, 2, 4, 6, 7, 11, 12]])}
+    cases["shared"] = jnp.arange(7)[None]
+
+    def loss(table, positions, chunk, once):
+        bias = RelativeBias(table, positions, positions, edges, zero)
+        if once:
+            bias = stack_bias(bias, jnp.float32, chunk)
+        outs = [attend(q * i, k, v, seg, seg, bias, query_chunk=chunk) for i in (1, 2)]
+        return sum(jnp.sum(o * jnp.sin(jnp.arange(o.size).reshape(o.shape))) for o in outs)
+
+    for name, positions in cases.items():
+        for chunk in (0, 3):
+            factored = RelativeBias(table, positions, positions, edges, zero)
+            made = stack_bias(factored, jnp.float32, chunk)
+            rows = positions.shape[0]
+            if chunk:  # 3 blocks of 3 queries, the last padded: no layer cuts it again
+                assert isinstance(made, QueryBlocks) and made.blocks.shape == (3, rows, 3, 3, 7)
+            else:
+                assert made.shape == (rows, 3, 7, 7)
+            per_layer, once = (
+                jax.value_and_grad(loss)(table, positions, chunk, o) for o in (False, True)
+            )
+            np.testing.assert_allclose(once[0], per_layer[0], rtol=1e-5, err_msg=name)
+            np.testing.assert_allclose(once[1], per_layer[1], rtol=1e-4, atol=1e-5, err_msg=name)
+            assert np.abs(once[1]).max() > 0

@@ -242,3 +242,20 @@ def test_step_time_from_shallow_programs_is_the_deep_unrolled_programs():
     assert estimated.seconds == pytest.approx(direct, rel=0.02)
     with pytest.raises(step_time.Unavailable, match="cpu compiler has no cost model of time"):
         step_time.estimate(run, jax.devices("cpu")[:1])
+
+
+@needs_libtpu
+def test_the_step_compiles_for_tpu_with_splash_where_no_bias_or_dropout_needs_xla():
+    """attention_impl "auto" on v5p devices: the decoder (no bias, no dropout) runs splash,
+    a Mosaic kernel in the compiled step; "xla" leaves none."""
+    hlo = {}
+    for impl in ("auto", "xla"):
+        c = tiny_config("mae_lm", "self", 32, attention_impl=impl, relative_attention_buckets=8)
+        c.model.decoder_relative_attention = False
+        run = configuration.freeze(c)
+        devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
+        compiled, oom, _, _ = compile_step.compile_step(run, devices, compile_step.FAST)
+        assert oom is None
+        hlo[impl] = compiled.as_text()
+    assert "splash_mha_fwd" in hlo["auto"] and "splash_mha_dkv" in hlo["auto"]
+    assert "tpu_custom_call" not in hlo["xla"]

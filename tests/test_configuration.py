@@ -52,3 +52,36 @@ def test_a_checkpoints_config_gets_what_older_runs_did_for_keys_added_since():
     del stored["model"]["num_heads"]
     with pytest.raises(ConfigError, match=r"lacks model keys \['num_heads'\]"):
         configuration.from_checkpoint(stored)
+
+
+@pytest.mark.parametrize(
+    "impl,platform,want",
+    [
+        ("auto", "tpu", ("splash", False)),
+        ("auto", "gpu", ("cudnn", False)),
+        ("auto", "cpu", ("xla", False)),
+        ("splash", "cpu", ("splash", True)),  # the Pallas interpreter: tests
+        ("xla", "tpu", ("xla", False)),
+        ("cudnn", "cpu", "cannot run on cpu"),
+        ("splash", "gpu", "cannot run on gpu"),
+    ],
+)
+def test_attention_impl_is_made_concrete_for_the_devices(impl, platform, want):
+    from tiny_configs import frozen, tiny_config
+
+    model = dataclasses.replace(frozen(tiny_config("mlm", "self", 16))[0], attention_impl=impl)
+    if isinstance(want, str):
+        with pytest.raises(ConfigError, match=want):
+            model.for_platform(platform)
+        return
+    got = model.for_platform(platform)
+    assert (got.attention_impl, got.kernel_interpret) == want
+
+
+def test_a_checkpoint_from_before_the_attention_keys_keeps_float32_scores_on_xla():
+    from configs import base
+
+    saved = json.loads(json.dumps(base.get_config().to_dict()))
+    del saved["model"]["attention_impl"], saved["model"]["float32_attention_logits"]
+    model = configuration.from_checkpoint(saved).model
+    assert (model.attention_impl, model.float32_attention_logits) == ("xla", True)

@@ -80,13 +80,16 @@ def estimated_seconds(analysis: dict) -> float | None:
 
 def counting_config(run: RunConfig) -> RunConfig:
     """The same step with every loop XLA would count once unrolled (layers, query blocks,
-    LM-head slot blocks): one micro-batch. `maelm_jax.flops` counts from it too."""
+    LM-head slot blocks): one micro-batch. `maelm_jax.flops` counts from it too. Attention
+    takes the XLA path: XLA counts nothing inside a kernel (splash, cuDNN), neither FLOPs
+    nor time, so a kernel's work would vanish from both clocks."""
     return configuration.override(
         run,
         {
             "model.scan_layers": False,
             "model.attention_query_chunk": 0,
             "model.lm_head_chunk": 0,
+            "model.attention_impl": "xla",
             "batch_size": run.batch_size // run.loop.grad_accum_steps,
             "grad_accum_steps": 1,
         },

@@ -119,7 +119,7 @@ def _put(args, argnums, values):
 def region_programs(run: RunConfig, batch: int, device) -> dict:
     """{region: (fn, abstract args)}: each region's forward + backward at `batch` rows, with
     the real modules and parameter shapes of `run`'s model."""
-    model, masking_cfg = programs.model_and_masking(run, run.data.vocab_size)
+    model, masking_cfg = programs.model_and_masking(run, run.data.vocab_size, device.platform)
     cfg = model.config
     length, k = run.seq_len, masking_cfg.num_masked
     tokens = length if cfg.objective == "mlm" else length - k

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from maelm_jax.model.attention import relative_position_buckets
+from maelm_jax.model.relative_bias import relative_position_buckets
 from maelm_jax.run_config import ModelConfig
 
 # The ModelConfig fields the conversion below represents. A field added later (a new
@@ -48,6 +48,11 @@ REPRESENTED_FIELDS = {
     "decoder_remat_policy",
     "attention_query_chunk",
     "lm_head_chunk",
+    # Kernels and score precision: the same attention, computed another way; the export's
+    # float32 scores are what a float32 model computes with either setting.
+    "attention_impl",
+    "kernel_interpret",
+    "float32_attention_logits",
 }
 
 

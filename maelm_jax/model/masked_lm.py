@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from maelm_jax.model import logical_axes as ax
-from maelm_jax.model.attention import RelativePositionBias
+from maelm_jax.model.attention import stack_bias
+from maelm_jax.model.relative_bias import RelativePositionBias
 from maelm_jax.model.transformer import CrossDecoderBlock, EncoderBlock, apply_layers, layer_norm
 from maelm_jax.run_config import ModelConfig
 
@@ -54,7 +55,7 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, token_vectors, positions, segment_ids, deterministic: bool):
-        """token_vectors [B, T, E], positions [B, T], segment_ids int [B, T] -> [B, T, E]."""
+        """token_vectors [B, T, E], positions [B|1, T], segment_ids int [B, T] -> [B, T, E]."""
         cfg = self.config
         x = token_vectors + PositionEmbedding(cfg, name="position_embed")(positions)
         x = layer_norm(cfg, "embed_norm")(x)
@@ -63,6 +64,7 @@ class Encoder(nn.Module):
         bias = None
         if cfg.relative_attention_buckets:
             bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
+        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk)
         return apply_layers(
             EncoderBlock,
             cfg,
@@ -123,6 +125,7 @@ class SelfDecoder(nn.Module):
         bias = None
         if cfg.decoder_relative_attention:  # every row has the same positions: [1, N, L, L]
             bias = RelativePositionBias(cfg, name="relative_bias")(positions[:1], positions[:1])
+        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk)
         x = apply_layers(
             EncoderBlock,
             cfg,
@@ -162,8 +165,9 @@ class CrossDecoder(nn.Module):
         self_bias = cross_bias = None
         if cfg.decoder_relative_attention:  # one table for both attentions
             relative_bias = RelativePositionBias(cfg, name="relative_bias")
-            self_bias = relative_bias(masked_idx, masked_idx)
-            cross_bias = relative_bias(masked_idx, visible_idx)
+            chunk = cfg.attention_query_chunk
+            self_bias = stack_bias(relative_bias(masked_idx, masked_idx), cfg.dtype, chunk)
+            cross_bias = stack_bias(relative_bias(masked_idx, visible_idx), cfg.dtype, chunk)
         batch, k = masked_idx.shape
         mask = mask_embedding(self, cfg, mask_vector)
         masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
@@ -245,8 +249,9 @@ class MaskedLM(nn.Module):
         return segment_ids
 
     def encode(self, input_ids, positions, deterministic: bool = True, segment_ids=None):
-        """input_ids, positions: [B, T] -> [B, T, E]; segment_ids [B, T] (default: every non-pad
-        token in one segment) confine attention to a document; padding is never attended to."""
+        """input_ids [B, T], positions [B, T] or [1, T] (the same for every row) -> [B, T, E];
+        segment_ids [B, T] (default: every non-pad token in one segment) confine attention to
+        a document; padding is never attended to."""
         segment_ids = self._segments(input_ids, segment_ids)
         return self.encoder(self.token_embed(input_ids), positions, segment_ids, deterministic)
 
@@ -278,8 +283,8 @@ class MaskedLM(nn.Module):
         """`__call__` up to the LM head: the last hidden state at the k masked slots [B, k, E]."""
         cfg = self.config
         segment_ids = self._segments(input_ids, segment_ids)
-        if cfg.objective == "mlm":
-            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+        if cfg.objective == "mlm":  # every row at 0..L-1: one [1, L] for the batch
+            positions = jnp.arange(input_ids.shape[1])[None]
             encoded = self.encode(input_ids, positions, deterministic, segment_ids)
             return gather_positions(encoded, masked_idx)
         visible_ids = gather_positions(input_ids, visible_idx)

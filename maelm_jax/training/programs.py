@@ -51,9 +51,12 @@ class Programs:
             return train_state.initialize(self.init_fn, rng, self.state_shardings)
 
 
-def model_and_masking(run: RunConfig, vocab_size: int) -> tuple[MaskedLM, MaskingConfig]:
+def model_and_masking(
+    run: RunConfig, vocab_size: int, platform: str | None = None
+) -> tuple[MaskedLM, MaskingConfig]:
     """The model and its masking for a tokenizer of `vocab_size` pieces (the project's fixed
-    special-id layout); no mesh involved."""
+    special-id layout), with its attention kernels chosen for `platform`'s devices (None:
+    the XLA path everywhere)."""
     masking_cfg = run.masking.for_tokenizer(
         vocab_size=vocab_size,
         mask_id=MASK_ID,
@@ -63,6 +66,8 @@ def model_and_masking(run: RunConfig, vocab_size: int) -> tuple[MaskedLM, Maskin
         first_regular_id=FIRST_REGULAR_ID,
     )
     model_cfg = run.model.for_vocab(vocab_size)
+    if platform is not None:
+        model_cfg = model_cfg.for_platform(platform)
     return MaskedLM(model_cfg, pad_id=PAD_ID, mask_id=MASK_ID), masking_cfg
 
 
@@ -74,7 +79,7 @@ def build(run: RunConfig, mesh: Mesh, vocab_size: int) -> Programs:
     """
     rules = sharding.axis_rules(run.mesh)
     sharding.check_batch(run, mesh, rules)
-    model, masking_cfg = model_and_masking(run, vocab_size)
+    model, masking_cfg = model_and_masking(run, vocab_size, mesh.devices.flat[0].platform)
     model_cfg = model.config
     tx = optimizer.create_optimizer(run.optimizer)
     init_fn = train_state.make_init_fn(model, tx, model_cfg, run.seq_len, masking_cfg.num_masked)

@@ -1,0 +1,167 @@
+"""The relative position bias of MAE-LM's encoder: fairseq's bucketing of offsets, the
+learned [buckets, N] table, and the bias in factored form (`RelativeBias`) that a layer
+stack expands once (`attention.stack_bias`).
+
+Positions are the tokens' original ones, so the MAE-LM encoder's visible subsequence keeps
+its true distances.
+"""
+
+import math
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maelm_jax.model import logical_axes as ax
+from maelm_jax.run_config import ModelConfig
+
+
+def relative_position_buckets(num_buckets: int, max_distance: int, max_positions: int):
+    """The official MAE-LM (fairseq) bucket of every offset `key - query` a model can meet.
+
+    Returns int32 [2 * max_positions - 1]; entry `d + max_positions - 1` is offset d's bucket.
+    The layout differs from T5's (and HF MPNet's): offsets below `max_exact = num_buckets // 4`
+    in size keep their own bucket; larger ones get `max_exact + ceil(log(|d| / max_exact) /
+    log((max_distance - 1) / max_exact) * (num_buckets // 2 - 1 - max_exact))`, capped at
+    `num_buckets // 2 - 1`, with the offset's sign; the table is then shifted so its smallest
+    entry (the farthest key before the query) is 0. Offsets are signed around a shared 0,
+    so only `num_buckets - 1` of the `num_buckets` rows are ever used.
+
+    Computed once on the host in float32, as the reference computes it, so bucket edges are
+    bit-for-bit the reference's; the model only gathers from the table.
+    """
+    offsets = np.arange(-(max_positions - 1), max_positions)
+    half = num_buckets // 2
+    max_exact = half // 2
+    distance = np.abs(offsets)
+    far = np.maximum(distance, max_exact).astype(np.float32)
+    log_ratio = np.log(far / np.float32(max_exact)) / np.float32(
+        math.log((max_distance - 1) / max_exact)
+    )
+    large = max_exact + np.ceil(log_ratio * np.float32(half - 1 - max_exact)).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    signed = np.where(distance < max_exact, distance, large) * np.sign(offsets)
+    return (signed - signed.min()).astype(np.int32)
+
+
+def bucket_edges(num_buckets: int, max_distance: int, max_positions: int):
+    """(edges, zero bucket): offset d's bucket is `zero + sign(d) * #{e in edges: |d| >= e}`,
+    exactly `relative_position_buckets`'s entry for d (tests hold every offset to it)."""
+    table = relative_position_buckets(num_buckets, max_distance, max_positions)
+    zero = int(table[max_positions - 1])
+    magnitude = table[max_positions - 1 :] - zero  # offsets 0, 1, ..., P - 1
+    edges = tuple(int(np.argmax(magnitude >= m)) for m in range(1, int(magnitude.max()) + 1))
+    return edges, zero
+
+
+def offset_buckets(offsets, edges: tuple[int, ...], zero_bucket: int):
+    """int offsets (key - query), any shape -> their buckets (`bucket_edges`); elementwise."""
+    distance = jnp.abs(offsets)
+    magnitude = sum((distance >= e).astype(jnp.int32) for e in edges)
+    return zero_bucket + jnp.sign(offsets) * magnitude
+
+
+@flax.struct.dataclass
+class RelativeBias:
+    """A relative position bias in factored form: the [buckets, N] table and the positions.
+
+    `dense` expands it to [B|1, N, T, S]; a layer stack does that once (`stack_bias`).
+    """
+
+    table: jax.Array  # [buckets, N] float32: each bucket's bias, per head
+    query_positions: jax.Array  # [B|1, T] int: original positions
+    key_positions: jax.Array  # [B|1, S] int
+    edges: tuple[int, ...] = flax.struct.field(pytree_node=False)  # `bucket_edges`
+    zero_bucket: int = flax.struct.field(pytree_node=False)  # the bucket of offset 0
+
+    def dense(self, dtype=jnp.float32) -> jax.Array:
+        """[B|1, N, T, S] in `dtype`, computed in float32 so its gradient sums in float32.
+
+        Written for the TPU: each offset's bucket is a count of the bucket edges it reaches
+        (elementwise, fused), and the bias a contraction of that bucket's one-hot with the
+        table, so the forward pass is a matmul and the table's gradient another. A lookup
+        in the table is a gather per score and its gradient a scatter-add with colliding
+        indices, which a TPU serialises: XLA's cost model put the MAE-LM base step at 2.8x
+        MLM's time for 1.12x its FLOPs that way (README, "Three clocks").
+        """
+        offsets = self.key_positions[:, None, :] - self.query_positions[:, :, None]
+        buckets = offset_buckets(offsets, self.edges, self.zero_bucket)  # [B|1, T, S]
+        one_hot = buckets[..., None] == jnp.arange(self.table.shape[0])
+        # A selection, exact as a lookup is: in float32 at full precision (a TPU or GPU
+        # would otherwise round the table to bf16 or TF32); for a bf16 bias, rounding the
+        # table to bf16 gives the bias the lookup did, at the MXU's bf16 rate.
+        full = jnp.dtype(dtype) == jnp.float32
+        bias = jnp.einsum(
+            "btsk,kn->bnts",
+            one_hot.astype(jnp.float32),
+            self.table,
+            precision=jax.lax.Precision.HIGHEST if full else jax.lax.Precision.DEFAULT,
+        )
+        return bias.astype(dtype)
+
+
+def bucket_distances(num_buckets: int, max_distance: int, max_positions: int):
+    """float32 [num_buckets]: the smallest |offset| that falls in each bucket (0 for the one
+    row no offset reaches)."""
+    buckets = relative_position_buckets(num_buckets, max_distance, max_positions)
+    distance = np.abs(np.arange(-(max_positions - 1), max_positions))
+    nearest = np.full(num_buckets, np.inf)
+    np.minimum.at(nearest, buckets, distance)
+    return np.where(np.isfinite(nearest), nearest, 0.0).astype(np.float32)
+
+
+def relative_bias_init(config: ModelConfig):
+    """normal(init_std), as official MAE-LM, or with `relative_attention_init_slope` > 0 a
+    table that starts at -slope * distance in every head (ALiBi's prior, then learned).
+
+    Why the prior exists: with a table near zero, attention starts uniform, and a position-
+    selective pattern has to emerge from learned absolute positions before any neighbour's
+    identity reaches a [MASK] slot. An all-[MASK] objective has no other signal, so a short
+    run sits on the unigram loss (README, "What the default run shows"); starting local removes
+    that plateau. Far buckets start near exp(-slope * distance), so long-range use must be
+    learned.
+    """
+    if not config.relative_attention_init_slope:
+        return nn.initializers.normal(config.init_std)
+    distances = bucket_distances(
+        config.relative_attention_buckets,
+        config.relative_attention_max_distance,
+        config.max_positions,
+    )
+    start = -config.relative_attention_init_slope * distances[:, None]
+
+    def init(key, shape, dtype=jnp.float32):
+        del key
+        return jnp.broadcast_to(jnp.asarray(start, dtype), shape)
+
+    return init
+
+
+class RelativePositionBias(nn.Module):
+    """Per-head bias from the tokens' *original* positions, shared by all layers of a stack
+    (the encoder's; the decoder's own with `decoder_relative_attention`).
+
+    Positions are passed in (not implied by array order) because the MAE-LM encoder's
+    sequence is the visible subset: neighbours in the array may be far apart in the text.
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, query_positions, key_positions) -> RelativeBias:
+        """[B, T], [B, S] int -> the bias, [B, N, T, S] when made dense."""
+        cfg = self.config
+        table = self.param(
+            "embedding",
+            ax.param(relative_bias_init(cfg), ("relpos_buckets", "heads")),
+            (cfg.relative_attention_buckets, cfg.num_heads),
+            jnp.float32,
+        )
+        edges, zero = bucket_edges(
+            cfg.relative_attention_buckets,
+            cfg.relative_attention_max_distance,
+            cfg.max_positions,
+        )
+        return RelativeBias(table, query_positions, key_positions, edges, zero)
