@@ -26,8 +26,8 @@ probes at full effort (its edge is exactly where the two differ).
 Step time: XLA's TPU cost model (`optimal_seconds` of a compiled program) estimates the
 step's time on a chip, and from it tokens/s and the MFU a run would log. An estimate, not a
 measurement: it is what the compiler optimises against, and the cost model cannot see inside
-Pallas kernels. It comes from two or three shallow unrolled programs (`aot/step_time.py`),
-compiled in a second thread beside the step; `--step_time=skip` leaves it out.
+Pallas kernels. It comes from two or three shallow unrolled programs (`aot/step_time.py`,
+attention on XLA), compiled in threads beside the step; `--step_time=skip` leaves it out.
 
 FLOPs: one compile is the whole preflight. By default (`--flops=analytic`) FLOPs per step
 are `flop_count`'s model FLOPs (matmuls, forward + backward, optimizer; checked against

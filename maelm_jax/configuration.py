@@ -140,6 +140,7 @@ RULES: dict[str, Rule] = {
     "model.lm_head_chunk": at_least(0),
     "model.attention_impl": one_of(ATTENTION_IMPLS),
     "model.float32_attention_logits": one_of((False, True)),
+    "model.relative_bias_once": one_of((False, True)),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),
 }
@@ -282,6 +283,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             init_std=m.init_std,
             attention_impl=m.attention_impl,
             float32_attention_logits=m.float32_attention_logits,
+            relative_bias_once=m.relative_bias_once,
         ),
         masking=MaskingSettings(
             objective=config.objective,
@@ -369,6 +371,7 @@ _BEFORE_KEY_EXISTED = {
     "mask_token_source": "learned",
     "attention_impl": "xla",
     "float32_attention_logits": True,
+    "relative_bias_once": False,
 }
 
 

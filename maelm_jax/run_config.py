@@ -71,8 +71,9 @@ class ModelConfig:
     lm_head_chunk: int
     layer_norm_epsilon: float
     init_std: float
-    attention_impl: str = "auto"  # ATTENTION_IMPLS; `for_platform` makes "auto" concrete
+    attention_impl: str = "xla"  # ATTENTION_IMPLS; `for_platform` makes "auto" concrete
     float32_attention_logits: bool = False
+    relative_bias_once: bool = True  # see configs/base.py
     kernel_interpret: bool = False  # Pallas kernels in the interpreter (splash on CPU)
 
     @property

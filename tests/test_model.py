@@ -600,3 +600,20 @@ def test_splash_attention_gives_the_xla_models_loss_and_gradients(decoder):
     assert_trees_close(grads, grads_want, atol=1e-5, rtol=1e-4)
     hlo = jax.jit(grad_fn(splash, deterministic=True)).lower(params, batch, rng).as_text()
     assert "splash" in hlo.lower() or "pallas" in hlo.lower()
+
+
+def test_the_bias_built_per_query_block_gives_the_once_per_stack_loss_and_gradients():
+    """relative_bias_once=False (each layer's query blocks build the bias from the table, for
+    the largest batches) against the default bias made once per stack: same loss and
+    gradients, the encoder's and the decoder's bias tables included."""
+    bias = dict(relative_attention_buckets=8, decoder_relative_attention=True)
+    model, params, batch = build("mae_lm", "cross", attention_query_chunk=5, **bias)
+    overrides = dict(bias, attention_query_chunk=5, relative_bias_once=False)
+    per_block = MaskedLM(frozen(tiny_config("mae_lm", "cross", SEQ, **overrides))[0], PAD_ID)
+    assert model.config.relative_bias_once and not per_block.config.relative_bias_once
+    rng = jax.random.PRNGKey(3)
+    (want, _), grads_want = jax.jit(grad_fn(model, deterministic=True))(params, batch, rng)
+    (got, _), grads = jax.jit(grad_fn(per_block, deterministic=True))(params, batch, rng)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert_trees_close(grads, grads_want, atol=1e-6, rtol=1e-4)
+    assert np.abs(grads["decoder"]["relative_bias"]["embedding"]).max() > 0

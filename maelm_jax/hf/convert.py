@@ -53,6 +53,7 @@ REPRESENTED_FIELDS = {
     "attention_impl",
     "kernel_interpret",
     "float32_attention_logits",
+    "relative_bias_once",
 }
 
 

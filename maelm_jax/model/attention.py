@@ -125,12 +125,13 @@ def split_queries(x, n: int, size: int, axis: int = 1, fill=0):
     return jnp.moveaxis(x, axis, 0)
 
 
-def stack_bias(bias: RelativeBias | None, dtype, query_chunk: int):
+def stack_bias(bias: RelativeBias | None, dtype, query_chunk: int, once: bool = True):
     """The bias every layer of a stack adds, made once: [B|1, N, T, S] in `dtype`, or as
     `QueryBlocks` where `attend` splits the queries (so no layer re-cuts it). Padded query
-    rows take position 0; `attend` never reads their scores."""
-    if bias is None:
-        return None
+    rows take position 0; `attend` never reads their scores. With `once` False the bias stays
+    factored, and each layer's query blocks build their own (less memory, more time)."""
+    if bias is None or not once:
+        return bias
     n, size = query_blocks(bias.query_positions.shape[1], query_chunk)
     if n == 1:
         return bias.dense(dtype)

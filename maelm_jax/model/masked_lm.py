@@ -64,7 +64,7 @@ class Encoder(nn.Module):
         bias = None
         if cfg.relative_attention_buckets:
             bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
-        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk)
+        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk, cfg.relative_bias_once)
         return apply_layers(
             EncoderBlock,
             cfg,
@@ -125,7 +125,7 @@ class SelfDecoder(nn.Module):
         bias = None
         if cfg.decoder_relative_attention:  # every row has the same positions: [1, N, L, L]
             bias = RelativePositionBias(cfg, name="relative_bias")(positions[:1], positions[:1])
-        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk)
+        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk, cfg.relative_bias_once)
         x = apply_layers(
             EncoderBlock,
             cfg,
@@ -165,9 +165,11 @@ class CrossDecoder(nn.Module):
         self_bias = cross_bias = None
         if cfg.decoder_relative_attention:  # one table for both attentions
             relative_bias = RelativePositionBias(cfg, name="relative_bias")
-            chunk = cfg.attention_query_chunk
-            self_bias = stack_bias(relative_bias(masked_idx, masked_idx), cfg.dtype, chunk)
-            cross_bias = stack_bias(relative_bias(masked_idx, visible_idx), cfg.dtype, chunk)
+            made = lambda b: stack_bias(
+                b, cfg.dtype, cfg.attention_query_chunk, cfg.relative_bias_once
+            )
+            self_bias = made(relative_bias(masked_idx, masked_idx))
+            cross_bias = made(relative_bias(masked_idx, visible_idx))
         batch, k = masked_idx.shape
         mask = mask_embedding(self, cfg, mask_vector)
         masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
