@@ -30,6 +30,11 @@ def gather_positions(x, idx):
     return jnp.take_along_axis(x, idx, axis=1)
 
 
+def stack_bias_of(config: ModelConfig, bias):
+    """`attention.stack_bias` as `config` asks: in its dtype, query blocks and `once`."""
+    return stack_bias(bias, config.dtype, config.attention_query_chunk, config.relative_bias_once)
+
+
 class PositionEmbedding(nn.Module):
     """Learned absolute positions, looked up at the given (original) positions."""
 
@@ -64,7 +69,7 @@ class Encoder(nn.Module):
         bias = None
         if cfg.relative_attention_buckets:
             bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
-        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk, cfg.relative_bias_once)
+        bias = stack_bias_of(cfg, bias)
         return apply_layers(
             EncoderBlock,
             cfg,
@@ -125,7 +130,7 @@ class SelfDecoder(nn.Module):
         bias = None
         if cfg.decoder_relative_attention:  # every row has the same positions: [1, N, L, L]
             bias = RelativePositionBias(cfg, name="relative_bias")(positions[:1], positions[:1])
-        bias = stack_bias(bias, cfg.dtype, cfg.attention_query_chunk, cfg.relative_bias_once)
+        bias = stack_bias_of(cfg, bias)
         x = apply_layers(
             EncoderBlock,
             cfg,
@@ -165,11 +170,8 @@ class CrossDecoder(nn.Module):
         self_bias = cross_bias = None
         if cfg.decoder_relative_attention:  # one table for both attentions
             relative_bias = RelativePositionBias(cfg, name="relative_bias")
-            made = lambda b: stack_bias(
-                b, cfg.dtype, cfg.attention_query_chunk, cfg.relative_bias_once
-            )
-            self_bias = made(relative_bias(masked_idx, masked_idx))
-            cross_bias = made(relative_bias(masked_idx, visible_idx))
+            self_bias = stack_bias_of(cfg, relative_bias(masked_idx, masked_idx))
+            cross_bias = stack_bias_of(cfg, relative_bias(masked_idx, visible_idx))
         batch, k = masked_idx.shape
         mask = mask_embedding(self, cfg, mask_vector)
         masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
