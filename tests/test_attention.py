@@ -121,6 +121,14 @@ def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distanc
     assert 0 < np.abs(values).max() < 0.2 and np.unique(values).size == values.size
 
 
+def random_attention_inputs(keys: int):
+    """q [2, 7, 3, 4], k and v [2, keys, 3, 4] and a 16-bucket table for 3 heads."""
+    rngs = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(rngs[0], (2, 7, 3, 4))
+    k, v = (jax.random.normal(rng, (2, keys, 3, 4)) for rng in rngs[1:3])
+    return q, k, v, jax.random.normal(rngs[3], (16, 3))
+
+
 @pytest.mark.parametrize("with_dropout_path", [False, True])
 def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path):
     """attention_query_chunk: 7 queries in blocks of 3 (the last padded) against one block,
@@ -128,10 +136,7 @@ def test_query_blocks_give_the_unchunked_values_and_gradients(with_dropout_path)
     tokens' original positions; equal outputs and equal gradients for q, k, v and the bias."""
     from maelm_jax.model.attention import attend
 
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
-    q = jax.random.normal(keys[0], (2, 7, 3, 4))
-    k, v = (jax.random.normal(key, (2, 6, 3, 4)) for key in keys[1:3])
-    by_bucket = jax.random.normal(keys[3], (16, 3))
+    q, k, v, by_bucket = random_attention_inputs(keys=6)
     edges, zero = bucket_edges(16, 12, 16)
     q_pos = jnp.array([[0, 2, 3, 5, 8, 9, 15], [1, 2, 4, 6, 7, 11, 12]])
     k_pos = jnp.array([[0, 1, 4, 6, 7, 10], [0, 3, 5, 8, 9, 10]])
@@ -207,10 +212,7 @@ def test_a_stacks_bias_made_once_gives_the_factored_values_and_gradients():
     ([1, T]) give one bias for the whole batch."""
     from maelm_jax.model.attention import QueryBlocks, attend, stack_bias
 
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
-    q = jax.random.normal(keys[0], (2, 7, 3, 4))
-    k, v = (jax.random.normal(key, (2, 7, 3, 4)) for key in keys[1:3])
-    table = jax.random.normal(keys[3], (16, 3))
+    q, k, v, table = random_attention_inputs(keys=7)
     edges, zero = bucket_edges(16, 12, 16)
     seg = jnp.array([[1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 2, 2, 2]])
     cases = {"per row": jnp.array([[0, 2, 3, 5, 8, 9, 15], [1, 2, 4, 6, 7, 11, 12]])}
