@@ -14,7 +14,7 @@ from tiny_configs import tiny_run_config
 from maelm_jax import configuration
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.model import flop_count
-from maelm_jax.training import metric_logging, train
+from maelm_jax.training import metric_logging, profiling, train
 
 REGIONS = ("encoder", "decoder", "lm_head", "loss", "optimizer")
 START, NUM = 3, 2
@@ -98,3 +98,14 @@ def test_metrics_carry_model_flops_and_mfu(profiled_run):
     assert tflops_per_token * 1e12 == pytest.approx(flops_per_token, rel=0.05)
     assert last["mfu"] == pytest.approx(last["model_tflops_per_sec"] / 8, rel=1e-6)  # 8 x 1 TF/s
     assert last["eta_seconds"] == 0.0
+
+
+def test_no_window_no_trace_even_at_the_default_start_step(monkeypatch, tmp_path):
+    """profile_num_steps=0 (the default) writes no trace, also at profile_start_step."""
+    started = []
+    monkeypatch.setattr("jax.profiler.start_trace", started.append)
+    window = profiling.ProfileWindow(tmp_path, start=10, num_steps=0, first_step=0)
+    for done in range(1, 20):
+        window(done)
+    window.close()
+    assert started == []

@@ -27,7 +27,9 @@ class ProfileWindow:
         self._start = start
         self._stop = start + num_steps + 1
         self._running = False
-        if num_steps > 0 and start <= first_step:
+        if num_steps <= 0:  # no window: a step equal to `start` must not open one
+            self._start = self._stop = -1
+        elif start <= first_step:
             logging.warning(
                 "profile_start_step=%d is not after this run's first step %d (which compiles): "
                 "no trace",
