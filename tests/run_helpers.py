@@ -6,8 +6,10 @@ signals, exit codes and stderr are the real ones. Its environment is this test s
 runs made inside the test process.
 """
 
+import hashlib
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -70,6 +72,16 @@ def finish(proc: subprocess.Popen, log_path, timeout=600) -> tuple[int, str]:
             proc.kill()
             proc.wait()
     return proc.returncode, epath.Path(log_path).read_text()
+
+
+def checksums(root) -> dict[str, str]:
+    """{path under `root`: sha256} of every file below `root`: what "intact" compares."""
+    root = pathlib.Path(root)
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def step_dirs(workdir) -> dict[int, epath.Path]:

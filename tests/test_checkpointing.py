@@ -558,27 +558,60 @@ def test_keeps_the_last_checkpoints_and_every_milestone(corpus, tmp_path):
 # --- Asynchronous save errors --------------------------------------------------------------
 
 # Below every checkpoint's largest files (the tokenizer as JSON, ~330 KB; the arrays, ~400
-# KB), above every file the run writes before (its data cache, ~110 KB; the tokenizer model,
-# ~250 KB, is put in place beforehand).
+# KB), above every file a resumed run writes before its first save (its metrics lines).
 _FILE_SIZE_LIMIT = 200_000
 
 
-def test_a_failed_background_save_stops_the_run_with_an_error(corpus, baseline, tmp_path):
+def test_a_failed_background_save_stops_the_run_with_one_line_and_keeps_the_last_checkpoint(
+    corpus, baseline, tmp_path
+):
     """A file-size limit (`ulimit -f`) makes Orbax's background writes fail with EFBIG, as
-    a full disk would (chmod cannot: the tests run as root). The run must stop with an
-    error, not train on with no checkpoint to fall back to."""
-    workdir = tmp_path / "run"
-    workdir.mkdir()
-    shutil.copy(baseline[0] / tokenizer_lib.MODEL_FILENAME, workdir)
+    a full disk would (chmod cannot: the tests run as root). A run resumed from step 16
+    must stop at its next save with the error as its last line, print no traceback (Orbax
+    logs one per failed thread), and leave checkpoint 16 as it was."""
+    workdir = copy_workdir(baseline[0], tmp_path / "run", keep_steps=[STEPS - 2 * EVERY])
+    kept = rh.checksums(rh.step_dirs(workdir)[STEPS - 2 * EVERY])
     limit = ["bash", "-c", f'ulimit -f {_FILE_SIZE_LIMIT // 1024} && exec "$0" "$@"']
     status, output = rh.run(run_config(corpus), workdir, prefix=limit)
     assert status == 1, output[-3000:]
-    assert error_line(output).startswith("maelm_jax: error: saving "), output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last == error_line(output), output[-3000:]
+    assert last.startswith("maelm_jax: error: saving "), last
+    assert "File too large" in last
+    assert "Traceback" not in output, output[-3000:]
     # The other writes' late failures (how many depends on thread timing) stay off stderr.
     assert "Event loop is closed" not in output
     assert "Task exception was never retrieved" not in output
-    assert rh.good_steps(workdir) == []
-    assert max(rh.losses(workdir)) < STEPS
+    assert rh.good_steps(workdir) == [STEPS - 2 * EVERY]
+    assert rh.checksums(rh.step_dirs(workdir)[STEPS - 2 * EVERY]) == kept
+    assert STEPS - 2 * EVERY < max(rh.losses(workdir)) < STEPS
+
+
+def test_orbax_errors_are_logged_as_one_line_and_others_keep_their_traceback(
+    monkeypatch, capsys, tmp_path
+):
+    """What `main` installs keeps Orbax's error lines, with the exception's first line, and
+    drops their tracebacks; an error logged from anywhere else keeps its traceback."""
+    absl_logger = logging.getLogger("absl")
+    monkeypatch.setattr(absl_logger, "filters", list(absl_logger.filters))
+    save_errors.silence_writes_after_a_failed_save()
+    handler = logging.StreamHandler(sys.stdout)
+    absl_logger.addHandler(handler)
+    try:
+        for source in ("/site-packages/orbax/checkpoint/_src/futures/future.py", __file__):
+            try:
+                raise OSError(27, "File too large")
+            except OSError:
+                record = absl_logger.makeRecord(
+                    "absl", logging.ERROR, source, 1, "save of %s failed", ("state",),
+                    sys.exc_info(),
+                )  # fmt: skip
+            absl_logger.handle(record)
+    finally:
+        absl_logger.removeHandler(handler)
+    orbax, other = capsys.readouterr().out.split("save of state failed", 2)[1:]
+    assert orbax == " (OSError: [Errno 27] File too large)\n"
+    assert "Traceback" in other and "OSError: [Errno 27] File too large" in other
 
 
 class _RaisesWhenCollected:
