@@ -73,26 +73,27 @@ def main(argv):
     workdir_lease.check_workdir(FLAGS.workdir)
     initialize_distributed()
     lease = _take_lease(FLAGS.workdir)
-    failure = None
+    status, failure = 1, None
     try:
-        failure = _run(run)
+        status, failure = _run(run)
     finally:
         if lease is not None:
             lease.release()
     if failure is not None:
         multihost.leave_together()
-        cli.exit_now(1, failure)
+        cli.exit_now(status, failure)
 
 
-def _run(run: RunConfig) -> str | None:
-    """The run itself; returns the one line of an error the user can act on."""
+def _run(run: RunConfig) -> tuple[int, str | None]:
+    """The run itself; returns (exit status, the one line of an error the user can act on)
+    for a run that did not finish: 1 for an error, 130 for Ctrl-C (after its save)."""
     from clu import platform
 
     from maelm_jax.checkpoints.save_errors import (
         CheckpointSaveError,
         silence_writes_after_a_failed_save,
     )
-    from maelm_jax.training import metric_logging, train
+    from maelm_jax.training import metric_logging, preemption, train
 
     metric_logging.quiet_library_logs()
     silence_writes_after_a_failed_save()
@@ -111,8 +112,10 @@ def _run(run: RunConfig) -> str | None:
     try:
         train.train_and_evaluate(run, FLAGS.workdir)
     except (ConfigError, train.NonFiniteLossError, CheckpointSaveError) as e:
-        return str(e)
-    return None
+        return 1, str(e)
+    except preemption.Interrupted as e:
+        return preemption.EXIT_INTERRUPTED, str(e)
+    return 0, None
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""Ctrl-C on a single-process run: the first saves and stops like SIGTERM, a second exits."""
+"""Ctrl-C on a single-process run: the first saves, stops and exits 130; a second exits."""
 
 import signal
 import subprocess
 import sys
 
-from tiny_configs import REPO_ROOT
+import run_helpers as rh
+from text_corpora import sample_document, write_corpus
+from tiny_configs import REPO_ROOT, tiny_run_config
 
 from maelm_jax.training.preemption import EXIT_INTERRUPTED, PreemptionWatcher
 
@@ -41,3 +43,30 @@ def test_a_second_ctrl_c_exits_at_once_with_one_line():
     last = result.stderr.strip().splitlines()[-1]
     assert last == "maelm_jax: error: SIGINT again: stopped without saving"
     assert "Traceback" not in result.stderr
+
+
+def test_ctrl_c_saves_where_it_stopped_and_exits_130_with_one_line(tmp_path):
+    """After the save, exit 130 (128 + SIGINT, the shell's convention), so a script can
+    tell a run stopped by hand from a finished one; the earlier checkpoint stays as it was."""
+    corpus = write_corpus(tmp_path / "corpus", [sample_document(i) for i in range(160)])
+    config = tiny_run_config(
+        corpus, num_train_steps=400, checkpoint_every_steps=4, keep_checkpoints=400,
+        eval_batches=0, log_every_steps=4,
+    )  # fmt: skip
+    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = rh.start(config, workdir, log)
+    try:
+        first = rh.wait_for_checkpoint(proc, workdir)
+        kept = rh.checksums(rh.step_dirs(workdir)[first])
+        proc.send_signal(signal.SIGINT)
+    finally:
+        status, output = rh.finish(proc, log)
+    assert status == EXIT_INTERRUPTED, output[-3000:]
+    stopped = max(rh.good_steps(workdir))
+    assert first < stopped < config.num_train_steps
+    assert output.strip().splitlines()[-1] == (
+        f"maelm_jax: error: interrupted (SIGINT): saved a checkpoint at step {stopped} and "
+        "stopped; rerun the same command to continue"
+    )
+    assert "Traceback" not in output, output[-3000:]
+    assert rh.checksums(rh.step_dirs(workdir)[first]) == kept

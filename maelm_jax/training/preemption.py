@@ -5,9 +5,12 @@ With several processes, JAX's preemption sync manager (started by
 into the same step on every host, so all of them join the final checkpoint. A single process
 has no such service, so a SIGTERM handler raises a flag that the loop reads at its next step.
 
-Ctrl-C (SIGINT) in a single process is a SIGTERM: the run saves at the next step and stops.
-A second Ctrl-C, for someone who will not wait for the save, ends the process at once (the
-checkpoints already committed stay good; the one being written is never committed).
+Ctrl-C (SIGINT) in a single process is a SIGTERM: the run saves at the next step and stops,
+but then raises `Interrupted`, which `main` turns into exit status 130 (the shell's 128 +
+SIGINT), so a script can tell a run stopped by hand from a finished one (exit 0, as after a
+preemption, which the launcher reruns). A second Ctrl-C, for someone who will not wait for
+the save, ends the process at once (the checkpoints already committed stay good; the one
+being written is never committed).
 """
 
 import os
@@ -19,6 +22,10 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 EXIT_INTERRUPTED = 130
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped the run before its last step, after its checkpoint was saved."""
 
 
 class PreemptionWatcher:

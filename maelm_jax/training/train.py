@@ -18,7 +18,7 @@ from maelm_jax.hardware import multihost
 from maelm_jax.inspection import fill_in
 from maelm_jax.run_config import ConfigError, RunConfig
 from maelm_jax.training import metric_logging, profiling, programs, sharding, telemetry
-from maelm_jax.training.preemption import PreemptionWatcher
+from maelm_jax.training.preemption import Interrupted, PreemptionWatcher
 
 
 class NonFiniteLossError(RuntimeError):
@@ -149,7 +149,8 @@ def _restore_or_initialize(run: RunConfig, progs, checkpointer, data_position, t
 def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     """Trains `run` in `workdir` (created if needed); every process runs the same call.
 
-    Rerunning with the same workdir resumes from the newest good checkpoint.
+    Rerunning with the same workdir resumes from the newest good checkpoint. Raises
+    `Interrupted` once Ctrl-C has saved a checkpoint and stopped it before its last step.
     """
     # Random bits computed shard-locally, so masks and dropout never gather across devices
     # (the default in current JAX; pinned because the data path relies on it).
@@ -269,4 +270,10 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
         preemption.close()
         writer.close()
         checkpointer.close()
-    logging.info("Stopped at step %d", int(jax.device_get(state.step)))
+    stopped = int(jax.device_get(state.step))
+    logging.info("Stopped at step %d", stopped)
+    if preemption.reason == "SIGINT" and stopped < loop.num_train_steps:
+        raise Interrupted(
+            f"interrupted (SIGINT): saved a checkpoint at step {stopped} and stopped; rerun "
+            "the same command to continue"
+        )
