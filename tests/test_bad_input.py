@@ -2,14 +2,13 @@
 
 Every case is a real `python -m maelm_jax.<command>` process (exit status, stderr and the
 prompt exit are the point) aimed at the workdir of one earlier, finished run, whose files
-must be byte-identical afterwards. That earlier run is also the one a second launch on the
-same workdir is refused by while it runs. Most cases fail before TensorFlow, Orbax or the
-model are imported, so each costs about one interpreter start.
+must be byte-identical afterwards. That earlier run won its workdir from a second launch of
+the same command started at the same moment, which must be refused before it writes. Most
+cases fail before TensorFlow, Orbax or the model are imported, so each costs about one
+interpreter start.
 """
 
-import hashlib
 import json
-import pathlib
 import subprocess
 import sys
 import time
@@ -27,15 +26,8 @@ from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.run_config import ConfigError
 
 STEPS = 24
-
-
-def checksums(workdir) -> dict[str, str]:
-    root = pathlib.Path(workdir)
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
+USAGE = 2  # flags the parser rejects
+INVALID = 1  # values rejected once parsed, and failed runs
 
 
 def run_command(args, timeout=120) -> subprocess.CompletedProcess:
@@ -75,31 +67,41 @@ def config_of(corpus, **overrides):
 
 @pytest.fixture(scope="module")
 def earlier_run(corpus, tmp_path_factory):
-    """(workdir, the second launch's result) of a finished run that a second launch of the
-    same command was refused by while it ran."""
+    """(workdir, the race) of a finished run that won its workdir from a second launch of
+    the same command, both started at once: the race holds (winner, loser) as
+    (pid, exit status, output, seconds to exit)."""
     workdir = tmp_path_factory.mktemp("earlier") / "run"
-    log = workdir.parent / "first.log"
-    first = rh.start(config_of(corpus), workdir, log)
-    lease = workdir / workdir_lease.LEASE_FILENAME
-    deadline = time.monotonic() + 120
-    while not lease.exists() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert lease.exists(), log.read_text()[-3000:]
     started = time.monotonic()
-    second = run_command(rh.main_command(config_of(corpus), workdir)[2:])
-    second_seconds = time.monotonic() - started
-    status, output = rh.finish(first, log)
-    assert status == 0, output[-3000:]
-    return workdir, (second, second_seconds, first.pid)
+    logs = [workdir.parent / f"launch{i}.log" for i in range(2)]
+    launches = [rh.start(config_of(corpus), workdir, log) for log in logs]
+    seconds = [None, None]
+    while None in seconds and time.monotonic() - started < 600:
+        for i, launch in enumerate(launches):
+            if seconds[i] is None and launch.poll() is not None:
+                seconds[i] = time.monotonic() - started
+        time.sleep(0.05)
+    ended = [
+        (launch.pid, *rh.finish(launch, log), seconds[i])
+        for i, (launch, log) in enumerate(zip(launches, logs, strict=True))
+    ]
+    winner, loser = sorted(ended, key=lambda e: e[1])
+    assert winner[1] == 0, winner[2][-3000:]
+    return workdir, (winner, loser)
 
 
-def test_a_second_run_on_a_busy_workdir_is_refused_and_the_first_finishes_untouched(
+def test_of_two_runs_started_at_once_on_one_workdir_one_is_refused_before_it_writes(
     earlier_run,
 ):
-    workdir, (second, seconds, first_pid) = earlier_run
-    assert_one_line_error(
-        second, 1, f"workdir '{workdir}' is in use by another run", f"pid {first_pid}"
-    )
+    """The loser stops at the lease, before the data, the tokenizer or a step, with one line
+    naming the winner; the winner writes every step once and releases the lease."""
+    workdir, (winner, loser) = earlier_run
+    _, status, output, seconds = loser
+    assert status == INVALID, output[-3000:]
+    line = output.strip().splitlines()[-1]
+    assert line.startswith(f"maelm_jax: error: workdir '{workdir}' is in use by another run"), line
+    assert f"pid {winner[0]}," in line
+    assert "Traceback" not in output, output[-3000:]
+    assert "train.py:" not in output  # no log line of the training loop: it never began
     assert seconds < 60
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     steps = [row["step"] for row in map(json.loads, lines) if "train/loss" in row]
@@ -112,13 +114,11 @@ def test_a_second_run_on_a_busy_workdir_is_refused_and_the_first_finishes_untouc
 def unchanged(earlier_run):
     """The earlier run's workdir; fails the test if any of its files changed."""
     workdir = earlier_run[0]
-    before = checksums(workdir)
+    before = rh.checksums(workdir)
     yield workdir
-    assert checksums(workdir) == before
+    assert rh.checksums(workdir) == before
 
 
-USAGE = 2  # flags the parser rejects
-INVALID = 1  # values rejected once parsed
 # (flags after the config's own, exit status, fragments the last line must hold)
 MAIN_CASES = {
     "unknown_key": (

@@ -1,4 +1,5 @@
-"""The workdir lease with real processes: a live owner blocks, a killed one does not."""
+"""The workdir lease with real processes: a live owner blocks, a killed one does not, and of
+launches racing for one workdir exactly one wins."""
 
 import dataclasses
 import json
@@ -71,3 +72,64 @@ def test_the_heartbeat_keeps_a_long_run_from_going_stale(tmp_path):
     assert owner.run_id == lease.owner.run_id and owner.heartbeat > first
     lease.release()
     assert not lease.path.exists()
+
+
+RACER = """
+import sys
+from maelm_jax.checkpoints import workdir_lease
+print("ready", flush=True)
+sys.stdin.readline()  # "go": every racer asks at the same moment
+try:
+    lease = workdir_lease.acquire(sys.argv[1])
+    print("held", flush=True)
+except workdir_lease.WorkdirBusyError:
+    print("refused", flush=True)
+sys.stdin.readline()  # holds the lease until every racer has answered
+"""
+
+
+@pytest.mark.parametrize("before", ["no lease", "a stale lease"])
+def test_of_launches_racing_for_one_workdir_exactly_one_wins(tmp_path, before):
+    """Also when all of them take over the same stale lease: one that removed it late must
+    not remove the winner's fresh lease and take the workdir too."""
+    if before == "a stale lease":
+        _plant(tmp_path, heartbeat_age=workdir_lease.STALE_SECONDS + 60)
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(tmp_path)],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    try:
+        assert [r.stdout.readline() for r in racers] == ["ready\n"] * 4
+        for racer in racers:
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
+        answers = [r.stdout.readline().strip() for r in racers]
+        owner = workdir_lease.read_owner(tmp_path / workdir_lease.LEASE_FILENAME)
+    finally:
+        for racer in racers:
+            racer.kill()
+            racer.wait()
+    assert sorted(answers) == ["held", "refused", "refused", "refused"], answers
+    assert owner.pid == racers[answers.index("held")].pid
+    assert [p.name for p in tmp_path.iterdir()] == [workdir_lease.LEASE_FILENAME]  # no leftovers
+
+
+def test_taking_over_never_removes_a_fresh_lease_that_replaced_the_stale_one(tmp_path):
+    """The race the test above can only hit by chance: launch A judged the lease stale, but
+    launch B took it over first; A's removal must leave B's lease in place."""
+    _plant(tmp_path, heartbeat_age=workdir_lease.STALE_SECONDS + 60)
+    path = tmp_path / workdir_lease.LEASE_FILENAME
+    stale = workdir_lease.read_owner(path)
+    fresh = workdir_lease.acquire(tmp_path)  # B: takes it over
+    workdir_lease._remove_stale(path, stale)  # A, late
+    assert workdir_lease.read_owner(path).run_id == fresh.owner.run_id
+    fresh.release()
+    _plant(tmp_path, heartbeat_age=workdir_lease.STALE_SECONDS + 60)
+    workdir_lease._remove_stale(path, stale)  # the stale lease itself goes
+    assert list(tmp_path.iterdir()) == []

@@ -10,12 +10,18 @@ A lease is stale, and is taken over, when its heartbeat is older than STALE_SECO
 owner's host died or lost the storage) or when its owner ran on this host and its pid is no
 longer alive: a run killed with `kill -9` never blocks its own restart.
 
-Creating the file is atomic where the storage allows (O_CREAT|O_EXCL on a local or NFS
-path); on an object store (gs://) etils.epath has no create-if-absent, so the file is
-written and read back, and of two launches racing within the same second the last writer
-wins and the other is refused once it reads back someone else's id.
+Two launches at once must end with one owner. On a local or NFS path the lease is written
+whole to a temporary file and hard-linked into place (link fails if the name exists), so no
+reader ever finds it empty or half written and mistakes it for a torn lease to delete; where
+the file system has no hard links, O_CREAT|O_EXCL creates it. A stale lease is renamed aside
+rather than deleted, and put back if what was moved turns out to be another launch's fresh
+one, so two launches taking over the same stale lease cannot both win. On an object store
+(gs://) etils.epath has no create-if-absent, so the file is written and read back, and of two
+launches racing within the same second the last writer wins and the other is refused once it
+reads back someone else's id.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -79,26 +85,62 @@ def _is_local(path: epath.Path) -> bool:
     return "://" not in os.fspath(path)
 
 
+def _sibling(path: epath.Path, what: str) -> epath.Path:
+    return path.parent / f".{path.name}.{what}-{uuid.uuid4().hex}"
+
+
+def _create_in_place(path: epath.Path, text: str) -> bool:
+    try:
+        fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return True
+
+
 def _create_exclusive(path: epath.Path, text: str) -> bool:
     """Writes `text` to `path` unless it exists; True if this call created it."""
     if _is_local(path):
+        tmp = _sibling(path, "new")
+        tmp.write_text(text)
         try:
-            fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(tmp, path)  # atomic, and the lease appears whole
+            return True
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return True
+        except OSError:  # no hard links on this file system
+            return _create_in_place(path, text)
+        finally:
+            tmp.unlink(missing_ok=True)
     if path.exists():
         return False
     path.write_text(text)
     return path.read_text() == text
 
 
+def _remove_stale(path: epath.Path, stale: Owner | None) -> None:
+    """Removes the lease judged stale (`stale`; None: unreadable) without removing a fresh
+    one that another launch, taking over the same stale lease, put in its place meanwhile."""
+    if not _is_local(path):
+        path.unlink(missing_ok=True)
+        return
+    aside = _sibling(path, "stale")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    moved = read_owner(aside)
+    if moved is not None and (stale is None or moved.run_id != stale.run_id):
+        with contextlib.suppress(FileExistsError):  # a third launch's lease: it holds it
+            os.link(aside, path)
+    aside.unlink(missing_ok=True)
+
+
 def _write(path: epath.Path, text: str) -> None:
     """Replaces the lease's content without a moment where a reader finds it half written."""
     if _is_local(path):
-        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+        tmp = _sibling(path, "beat")
         tmp.write_text(text)
         tmp.replace(path)
     else:
@@ -166,7 +208,7 @@ def acquire(
             time.sleep(0.2)
             current = read_owner(path)
             if current is None:
-                path.unlink(missing_ok=True)
+                _remove_stale(path, None)
                 continue
         reason = stale_reason(current, stale_seconds)
         if reason is None:
@@ -176,7 +218,7 @@ def acquire(
                 f"{os.fspath(path)}, stale after {stale_seconds:.0f}s without a heartbeat)"
             )
         logging.warning("Taking over the workdir lease of %s: %s", current.describe(), reason)
-        path.unlink(missing_ok=True)
+        _remove_stale(path, current)
     raise WorkdirBusyError(f"workdir {os.fspath(workdir)!r}: could not take its lease {path}")
 
 
