@@ -227,6 +227,27 @@ def test_bench_bad_flags_are_one_line(case):
     assert_one_line_error(result, 2, *fragments, prog="maelm_jax.bench")
 
 
+def _one_huge_line(root):
+    """A file whose one line (no newline at all) is just over the document limit."""
+    (root / "huge.txt").write_text("word " * (documents.MAX_DOCUMENT_CHARS // 5 + 1))
+    return root / "huge.txt", "line 1 alone is longer than 8,388,608 characters"
+
+
+def _only_whitespace(root):
+    (root / "empty.txt").write_text("")
+    (root / "blank.txt").write_text("  \n\n\t\n")
+    return f"dataset='text:{root}/*.txt'", "its 2 file(s) hold only whitespace or nothing"
+
+
+@pytest.mark.parametrize("make", [_one_huge_line, _only_whitespace], ids=lambda f: f.__name__)
+def test_text_files_that_hold_no_usable_documents_are_one_line(unchanged, tmp_path, make):
+    """Aimed at the earlier run's workdir, whose tokenizer is loaded: the files are read
+    when the data is packed, and refused before anything is cached or trained."""
+    named, problem = make(tmp_path)
+    result = run_command(rh.main_command(config_of(f"text:{tmp_path}/*.txt"), unchanged)[2:])
+    assert_one_line_error(result, INVALID, f"error: {named}", problem, documents.TEXT_FILES_NEEDED)
+
+
 # --- Input files, in-process: the ConfigError is the one line `main` prints (above) --------
 
 

@@ -5,7 +5,7 @@ import collections
 import pytest
 from text_corpora import data_config, sample_corpus
 
-from maelm_jax.data import default_corpus
+from maelm_jax.data import default_corpus, documents
 from maelm_jax.data.documents import documents_fn, read_documents
 from maelm_jax.run_config import ConfigError
 
@@ -85,6 +85,38 @@ def test_glob_matching_no_file_is_a_config_error(tmp_path):
     c = data_config(f"text:{tmp_path}/*.missing")
     with pytest.raises(ConfigError, match=r"\*\.missing"):
         read_documents(c, "train", 0, 1)
+
+
+def test_a_document_over_the_limit_is_refused_naming_the_file_and_its_first_line(
+    tmp_path, monkeypatch
+):
+    """Also one made of many short lines (a file with no blank lines is one document); a
+    document of exactly the limit is read."""
+    monkeypatch.setattr(documents, "MAX_DOCUMENT_CHARS", 100)
+    path = tmp_path / "a.txt"
+    path.write_text("A short document.\n\n" + "x" * 99 + "\n\n" + "Nine chars\n" * 11)
+    with pytest.raises(ConfigError) as error:
+        list(read_documents(data_config(f"text:{tmp_path}/*.txt"), "train", 0, 1))
+    assert str(error.value) == (
+        f"{path}: the document that starts at line 5 passes 100 characters, the most a "
+        "document may hold, at line 14; a document ends at a blank line, so a file without "
+        "blank lines is one document: give UTF-8 text files with documents separated by blank "
+        "lines"
+    )
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_files_of_only_whitespace_say_what_text_files_are_needed(tmp_path, count):
+    (tmp_path / "a.txt").write_text("")
+    (tmp_path / "b.txt").write_text(" \n\t\n\n   \n")
+    c = data_config(f"text:{tmp_path}/*.txt")
+    which = "its 2 file(s)" if count == 1 else "the 1 of its files that process 1 reads"
+    with pytest.raises(ConfigError) as error:
+        read_documents(c, "train", count - 1, count)
+    assert str(error.value) == (
+        f"dataset='text:{tmp_path}/*.txt': {which} hold only whitespace or nothing; give UTF-8 "
+        "text files with documents separated by blank lines"
+    )
 
 
 def test_unknown_split_is_a_config_error(python_docs_dir, corpus):

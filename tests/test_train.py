@@ -164,7 +164,8 @@ def test_text_glob_matching_nothing(tmp_path):
 def test_empty_corpus(tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n   \n\t\n")
     dataset = f"text:{tmp_path}/*.txt"
-    with pytest.raises(ConfigError, match=re.escape(f"dataset={dataset!r} has no training")):
+    what = f"dataset={dataset!r}: its 1 file(s) hold only whitespace or nothing; give UTF-8"
+    with pytest.raises(ConfigError, match=re.escape(what)):
         train.train_and_evaluate(configuration.freeze(tiny_run_config(dataset)), tmp_path / "run")
 
 

@@ -3,8 +3,8 @@
 Sources, by `DataConfig.dataset` (the run's `RunConfig.data`):
 
 * a TFDS name ("wikipedia/20230601.en"): read from `config.data_dir`, already prepared;
-* "text:<glob>": local or gs:// text files, documents separated by blank lines; each process
-  reads only its files (see `_text_documents`);
+* "text:<glob>": local or gs:// text files, documents separated by blank lines, none longer
+  than MAX_DOCUMENT_CHARS; each process reads only its files (see `_text_documents`);
 * "python_docs": the embedded corpus (`maelm_jax.default_corpus`), prepared on first use.
 
 Each process reads a disjoint share, so no document is tokenized or trained on twice. Eval
@@ -30,6 +30,12 @@ from maelm_jax.run_config import ConfigError, DataConfig
 
 TEXT_PREFIX = "text:"
 SPLIT_KINDS = ("train", "eval")
+TEXT_FILES_NEEDED = "give UTF-8 text files with documents separated by blank lines"
+# The longest document a text file may hold: past any real one (a long novel is about 3 MB,
+# the whole King James Bible 4.3 MB), short of a file that is one document only because it
+# has no blank lines (one document per line, say), which would train on a single document
+# and tokenize it as one string. Counted in characters as the lines are read.
+MAX_DOCUMENT_CHARS = 8 * 2**20
 
 
 def _held_out(text: str, fraction: float) -> bool:
@@ -61,15 +67,38 @@ def _text_documents(pattern: str, process_index: int, process_count: int) -> Ite
     index = 0
     for path in files:
         lines: list[str] = []
-        for line in itertools.chain(_utf8_lines(path), [""]):  # "" ends the last document
-            if line.strip():
+        size = 0
+        for number, line in enumerate(itertools.chain(_utf8_lines(path), [""]), 1):
+            if line.strip():  # "" above ends the last document
+                size += len(line)
+                if size > MAX_DOCUMENT_CHARS:
+                    raise ConfigError(_too_long(path, number - len(lines), number))
                 lines.append(line.rstrip("\r\n"))
                 continue
             if lines:
                 if keep is None or index % process_count == keep:
                     yield "\n".join(lines).strip()
                 index += 1
-                lines = []
+                lines, size = [], 0
+    if index == 0:
+        which = f"its {len(files)} file(s)"
+        if keep is None and process_count > 1:
+            which = f"the {len(files)} of its files that process {process_index} reads"
+        raise ConfigError(
+            f"dataset={TEXT_PREFIX + pattern!r}: {which} hold only whitespace or nothing; "
+            f"{TEXT_FILES_NEEDED}"
+        )
+
+
+def _too_long(path: str, first: int, number: int) -> str:
+    limit = f"{MAX_DOCUMENT_CHARS:,} characters, the most a document may hold"
+    where = f"line {first} alone is longer than {limit}"
+    if number > first:
+        where = f"the document that starts at line {first} passes {limit}, at line {number}"
+    return (
+        f"{path}: {where}; a document ends at a blank line, so a file without blank lines is "
+        f"one document: {TEXT_FILES_NEEDED}"
+    )
 
 
 def _utf8_lines(path: str) -> Iterator[str]:
@@ -104,7 +133,7 @@ def _glob(pattern: str) -> list[str]:
     if not files:
         raise ConfigError(
             f"dataset={TEXT_PREFIX + pattern!r}: the glob {pattern!r} matches no file; "
-            "give text files whose documents are separated by blank lines"
+            f"{TEXT_FILES_NEEDED}"
         )
     return sorted(files)
 
