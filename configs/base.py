@@ -51,8 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.seq_len = 512
     # "segmented": a token attends only within its own document of the packed block (the
     # official complete_doc blocks never mix documents; ours pack them end to end and
-    # isolate them by segment ids, see maelm_jax/model/segments.py). "concatenated": the whole
-    # block attends to itself (RoBERTa FULL-SENTENCES), kept for comparison.
+    # isolate them by segment ids, see maelm_jax/model/positions/segments.py). "concatenated":
+    # the whole block attends to itself (RoBERTa FULL-SENTENCES), kept for comparison.
     c.packing = "segmented"
     c.batch_size = 2048  # global, across all processes
     c.num_train_steps = 2_000_000
@@ -116,6 +116,19 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.relative_bias_once = True
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
+    # "roberta": the papers' post-LN encoder with learned absolute positions (and the T5
+    # bias where configured). "modern": ModernBERT's (pre-LN, bias-free, GeGLU with mlp_dim
+    # the GLU's width, rotary positions, alternating global/local attention; configs/modern_*,
+    # README "Two backbones"). The keys below apply to "modern" only.
+    c.model.backbone = "roberta"
+    c.model.rope_theta_global = 160_000.0  # the global layers' rotary base
+    c.model.rope_theta_local = 10_000.0  # the local layers'
+    # A local layer's query sees keys within local_attention // 2 positions on either side,
+    # measured in original positions (also between gathered kept tokens: model/positions/rotary.py).
+    c.model.local_attention = 128
+    # Layer i attends globally iff i % n == 0 (ModernBERT: every third, from the first);
+    # 1: every layer global. The decoders of MAE-LM and 3ML are global throughout.
+    c.model.global_attention_every_n_layers = 3
 
     # Optimizer: AdamW with linear warmup and linear decay to zero; weight decay skips biases
     # and LayerNorm (fairseq decays everything, see maelm_jax/training/optimizer.py).

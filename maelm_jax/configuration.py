@@ -7,26 +7,18 @@ below the commands ever reads a ConfigDict. This module and the commands are the
 importers of `ml_collections` in the package (tests/test_layering.py holds that).
 """
 
-import dataclasses
 import json
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
 from absl import logging
 
 from maelm_jax import paths
-from maelm_jax.model import remat
+from maelm_jax.config_rules import RULES
 from maelm_jax.run_config import (
-    ATTENTION_IMPLS,
-    DECODERS,
     DTYPES,
-    MASK_TOKEN_SOURCES,
-    NONFINITE_POLICIES,
-    OBJECTIVES,
-    PACKINGS,
     CheckpointConfig,
     ConfigError,
     DataConfig,
@@ -39,111 +31,6 @@ from maelm_jax.run_config import (
     num_masked,
     padded_vocab_size,
 )
-
-REMAT_POLICIES = ("none", *remat.POLICIES)
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """One key's allowed values: `ok(value)` and the words that say what is allowed."""
-
-    ok: Callable[[Any], bool]
-    allowed: str
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def at_least(low, integer=True) -> Rule:
-    kind = int if integer else (int, float)
-    return Rule(
-        lambda v: isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) and v >= low,
-        f"{'an integer' if integer else 'a finite number'} >= {low}",
-    )
-
-
-def between(low, high, *, low_open=False, high_open=False) -> Rule:
-    def ok(v):
-        if not _number(v) or not math.isfinite(v):
-            return False
-        return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
-
-    return Rule(
-        ok, f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    )
-
-
-def positive_number() -> Rule:
-    return Rule(lambda v: _number(v) and math.isfinite(v) and v > 0, "a finite number > 0")
-
-
-def one_of(choices) -> Rule:
-    return Rule(lambda v: v in choices, f"one of {tuple(choices)}")
-
-
-def integer() -> Rule:
-    return Rule(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
-
-
-# Every key with a range, checked in one place; adding a key is adding a line.
-RULES: dict[str, Rule] = {
-    "objective": one_of(OBJECTIVES),
-    "mask_rate": between(0.0, 1.0, low_open=True, high_open=True),
-    "mlm_mask_prob": between(0.0, 1.0),
-    "mlm_random_prob": between(0.0, 1.0),
-    "seq_len": at_least(2),
-    "batch_size": at_least(1),
-    "num_train_steps": at_least(1),
-    "seed": integer(),
-    "grad_accum_steps": at_least(1),
-    "learning_rate": at_least(0.0, integer=False),
-    "warmup_steps": at_least(0),
-    "weight_decay": at_least(0.0, integer=False),
-    "adam_b1": between(0.0, 1.0, high_open=True),
-    "adam_b2": between(0.0, 1.0, high_open=True),
-    "adam_eps": positive_number(),
-    "max_grad_norm": at_least(0.0, integer=False),  # 0 turns clipping off
-    "packing": one_of(PACKINGS),
-    "eval_holdout_fraction": between(0.0, 1.0, high_open=True),
-    "max_documents": at_least(0),
-    "vocab_size": at_least(16),
-    "tokenizer_train_documents": at_least(1),
-    "log_every_steps": at_least(1),
-    "eval_every_steps": at_least(1),
-    "checkpoint_every_steps": at_least(1),
-    "keep_checkpoints": at_least(1),
-    "eval_batches": at_least(0),
-    "keep_every_steps": at_least(0),
-    "nonfinite": one_of(NONFINITE_POLICIES),
-    "profile_num_steps": at_least(0),
-    "model.num_layers": at_least(1),
-    "model.hidden_size": at_least(1),
-    "model.num_heads": at_least(1),
-    "model.mlp_dim": at_least(1),
-    "model.decoder": one_of(DECODERS),
-    "model.num_decoder_layers": at_least(0),
-    "model.max_positions": at_least(1),
-    "model.dropout_rate": between(0.0, 1.0, high_open=True),
-    "model.decoder_dropout_rate": between(0.0, 1.0, high_open=True),
-    "model.attention_dropout_rate": between(0.0, 1.0, high_open=True),
-    "model.decoder_attention_dropout_rate": between(0.0, 1.0, high_open=True),
-    "model.mask_token_source": one_of(MASK_TOKEN_SOURCES),
-    "model.relative_attention_buckets": at_least(0),
-    "model.relative_attention_max_distance": at_least(1),
-    "model.relative_attention_init_slope": at_least(0.0, integer=False),
-    "model.decoder_relative_attention": one_of((False, True)),
-    "model.dtype": one_of(tuple(DTYPES)),
-    "model.remat_policy": one_of(REMAT_POLICIES),
-    "model.decoder_remat_policy": one_of(REMAT_POLICIES),
-    "model.attention_query_chunk": at_least(0),
-    "model.lm_head_chunk": at_least(0),
-    "model.attention_impl": one_of(ATTENTION_IMPLS),
-    "model.float32_attention_logits": one_of((False, True)),
-    "model.relative_bias_once": one_of((False, True)),
-    "model.layer_norm_epsilon": positive_number(),
-    "model.init_std": positive_number(),
-}
 
 
 def _lookup(config, dotted: str):
@@ -204,6 +91,8 @@ def _combinations(config) -> list[str]:
                     f"model.{key}={m[key]!r} needs the relative bias; set "
                     "model.relative_attention_buckets > 0"
                 )
+    if m.backbone == "modern":
+        problems += _modern_combinations(m)
     # One batch of token ids (int32) is built on a host: refuse what no host can hold
     # before anything tries to allocate it.
     batch_bytes, memory = config.batch_size * config.seq_len * 4, host_memory_bytes()
@@ -213,6 +102,27 @@ def _combinations(config) -> list[str]:
             f"{batch_bytes / 2**30:.1f} GiB of host memory per batch of token ids; this host "
             f"has {memory / 2**30:.1f} GiB: use a batch_size of at most "
             f"{memory // 4 // (config.seq_len * 4)}"
+        )
+    return problems
+
+
+def _modern_combinations(m) -> list[str]:
+    """The modern backbone has rotary positions and no relative bias (model/positions/rotary.py)."""
+    problems = []
+    if m.relative_attention_buckets:
+        problems.append(
+            f"model.relative_attention_buckets={m.relative_attention_buckets} with "
+            "model.backbone='modern': rotary positions replace the relative bias; set it to 0"
+        )
+    if (m.hidden_size // m.num_heads) % 2:
+        problems.append(
+            f"model.backbone='modern' rotates pairs of head dimensions: head dim "
+            f"{m.hidden_size // m.num_heads} (hidden_size / num_heads) must be even"
+        )
+    if m.local_attention % 2:
+        problems.append(
+            f"model.local_attention={m.local_attention} must be even: a query sees "
+            "local_attention // 2 positions on either side, as in HuggingFace's ModernBERT"
         )
     return problems
 
@@ -284,6 +194,11 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             attention_impl=m.attention_impl,
             float32_attention_logits=m.float32_attention_logits,
             relative_bias_once=m.relative_bias_once,
+            backbone=m.backbone,
+            rope_theta_global=float(m.rope_theta_global),
+            rope_theta_local=float(m.rope_theta_local),
+            local_attention=m.local_attention,
+            global_attention_every_n_layers=m.global_attention_every_n_layers,
         ),
         masking=MaskingSettings(
             objective=config.objective,
@@ -372,6 +287,12 @@ _BEFORE_KEY_EXISTED = {
     "attention_impl": "xla",
     "float32_attention_logits": True,
     "relative_bias_once": False,
+    "backbone": "roberta",
+    # The modern backbone's keys: unread by "roberta", the only backbone before them.
+    "rope_theta_global": 160_000.0,
+    "rope_theta_local": 10_000.0,
+    "local_attention": 128,
+    "global_attention_every_n_layers": 3,
 }
 
 

@@ -20,9 +20,10 @@ import jax.numpy as jnp
 OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
 NONFINITE_POLICIES = ("stop", "skip")
-PACKINGS = ("segmented", "concatenated")  # see model/segments.py
+PACKINGS = ("segmented", "concatenated")  # see model/positions/segments.py
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform
+BACKBONES = ("roberta", "modern")  # see configs/base.py
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 VOCAB_MULTIPLE = 128
 
@@ -75,6 +76,15 @@ class ModelConfig:
     float32_attention_logits: bool = False
     relative_bias_once: bool = True  # see configs/base.py
     kernel_interpret: bool = False  # Pallas kernels in the interpreter (splash on CPU)
+    backbone: str = "roberta"  # BACKBONES; the keys below are the "modern" backbone's
+    rope_theta_global: float = 160_000.0
+    rope_theta_local: float = 10_000.0
+    local_attention: int = 128  # a local query sees keys within local_attention // 2
+    global_attention_every_n_layers: int = 3
+
+    @property
+    def modern(self) -> bool:
+        return self.backbone == "modern"
 
     @property
     def head_dim(self) -> int:
@@ -116,7 +126,7 @@ class MaskingConfig:
     mask_id: int
     pad_id: int
     eos_id: int  # ends every document in a block: segment ids follow from it
-    packing: str  # "segmented" | "concatenated", see model/segments.py
+    packing: str  # "segmented" | "concatenated", see model/positions/segments.py
     special_ids: tuple[int, ...]  # never chosen while a row has enough other tokens
     first_regular_id: int  # random replacements are drawn from [first_regular_id, vocab_size)
 

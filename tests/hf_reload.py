@@ -70,8 +70,9 @@ def main(spec_path: str, out_dir: str) -> None:
         auto = AutoModelForMaskedLM if mlm else AutoModel
         model = auto.from_pretrained(path, trust_remote_code=remote).eval()
         with torch.no_grad():
-            out = model(ids, attention_mask=ids != tok.pad_token_id, output_hidden_states=mlm)
-        hidden = out.hidden_states[-1] if mlm else out.last_hidden_state
+            valid = ids != tok.pad_token_id
+            out = model(ids, attention_mask=valid)
+            hidden = model.base_model(ids, attention_mask=valid).last_hidden_state
         np.save(os.path.join(out_dir, f"{kind}_hidden.npy"), hidden.numpy())
         entry = {
             "class": type(model).__name__,

@@ -8,7 +8,7 @@ import pytest
 from test_model import build, run
 from tiny_configs import frozen, tiny_config
 
-from maelm_jax.model.relative_bias import (
+from maelm_jax.model.positions.relative_bias import (
     RelativeBias,
     RelativePositionBias,
     bucket_distances,

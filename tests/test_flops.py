@@ -97,3 +97,18 @@ def test_tpu_rows_carry_the_compilers_step_time_split_by_region():
     assert all(row.region_seconds[r] > 0 for r in ("encoder", "decoder", "optimizer"))
     assert sum(row.region_seconds.values()) == pytest.approx(row.seconds)
     assert "optimal_seconds" in flops_by_method.format_table([row], "h")
+
+
+def test_the_modern_backbone_counts_its_geglu_within_the_tolerance():
+    """The GeGLU's third matrix is in the formula: XLA's count of the modern step stays
+    within the tolerance of it, per method and per region."""
+    modern = dict(
+        backbone="modern", local_attention=8, dropout_rate=0.0, attention_dropout_rate=0.0
+    )
+    run = configuration.freeze(tiny_config(**MODEL, **modern))
+    for r in flops_by_method.table(run, jax.devices()[:1], 0.5, ("3ml_cross",)):
+        assert 1.0 <= r.xla_over_analytic <= 1 + flop_count.TOLERANCE, (r.method, r)
+        for region in ("encoder", "decoder"):
+            xla, analytic = r.xla_regions[region], r.analytic_regions[region]
+            if analytic:
+                assert 1.0 <= xla / analytic <= 1 + flop_count.TOLERANCE, (r.method, region)

@@ -19,7 +19,7 @@ LAYERS = (
     ("run_config", "paths"),
     ("hardware",),
     ("model", "data"),
-    ("configuration",),
+    ("configuration", "config_rules"),
     ("training", "checkpoints", "aot", "hf", "inspection"),
     ("cli", *COMMANDS),
 )
@@ -101,7 +101,7 @@ def test_imports_point_down_the_layers_and_the_configdict_stops_at_the_commands(
         (("maelm_jax.model.attention", "maelm_jax.training.sharding"), "a layer above it"),
         (("maelm_jax.data.tokenizer", "maelm_jax.configuration"), "a layer above it"),
         (("maelm_jax.aot.analyze", "maelm_jax.compile"), "imports command module"),
-        (("maelm_jax.data.packing", "maelm_jax.model.segments"), "stay apart"),
+        (("maelm_jax.data.packing", "maelm_jax.model.positions.segments"), "stay apart"),
         (("maelm_jax.training.train", "ml_collections"), "ml_collections below the commands"),
     ],
 )

@@ -25,7 +25,7 @@ from maelm_jax import configuration
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 from maelm_jax.model import loss, masking
 from maelm_jax.model.masked_lm import MaskedLM, count_params, init_inputs
-from maelm_jax.model.segments import segment_ids
+from maelm_jax.model.positions.segments import segment_ids
 
 SEQ = 32
 

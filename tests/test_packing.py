@@ -36,7 +36,7 @@ def test_segment_ids_of_packed_blocks_are_exactly_the_documents():
     where documents end, cut documents included."""
     import jax.numpy as jnp
 
-    from maelm_jax.model.segments import segment_ids
+    from maelm_jax.model.positions.segments import segment_ids
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(5, 100, size=rng.integers(1, 12)).tolist() for _ in range(40)]

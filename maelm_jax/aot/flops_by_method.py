@@ -53,6 +53,8 @@ def method_config(run: RunConfig, method: str, mask_rate: float | None) -> RunCo
     """`run`'s sizes, sequence and batch with `method`'s objective, masking and decoder;
     layers unrolled and no remat, so XLA counts every layer's model FLOPs once."""
     objective, rate, decoder, layers, buckets = METHODS[method]
+    if run.model.modern:
+        buckets = 0  # rotary positions: the modern backbone has no relative bias
     return configuration.override(
         aot.counting_config(run),
         {

@@ -24,7 +24,7 @@ from maelm_jax.run_config import DataConfig
 CACHE_DIRNAME = "data_cache"
 # Bump when the packing or the cache layout changes. 2: corpus text no longer encodes to
 # special ids (a literal "<mask>" was the mask id), and segment ids are derived from `</s>`,
-# which must then end a document and nothing else (segments.py).
+# which must then end a document and nothing else (model/positions/segments.py).
 _CACHE_FORMAT = 2
 _TOKENIZE_BATCH = 512
 _PACK_FLUSH_BLOCKS = 256
@@ -46,8 +46,9 @@ def pack_documents(
     The documents, each followed by `</s>`, form one stream that is cut into chunks of
     seq_len - 1 regardless of document boundaries; only the last block is padded with `<pad>`.
     Nothing is wasted on padding, and the model still keeps documents apart: `</s>` marks
-    every document's end, so the step derives each token's document (segments.py) and
-    attention stays inside it, as in fairseq's one-document complete_doc blocks.
+    every document's end, so the step derives each token's document
+    (model/positions/segments.py) and attention stays inside it, as in fairseq's one-document
+    complete_doc blocks.
     With `max_blocks`, reading stops once that many blocks are full (eval needs a few).
     """
     if seq_len < 2:

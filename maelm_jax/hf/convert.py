@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from maelm_jax.model.relative_bias import relative_position_buckets
+from maelm_jax.model.positions.relative_bias import relative_position_buckets
 from maelm_jax.run_config import ModelConfig
 
 # The ModelConfig fields the conversion below represents. A field added later (a new
@@ -54,6 +54,13 @@ REPRESENTED_FIELDS = {
     "kernel_interpret",
     "float32_attention_logits",
     "relative_bias_once",
+    # The backbone picks the converter: this module for "roberta", modern_convert.py for
+    # "modern", which represents the rotary and window keys (unread by "roberta").
+    "backbone",
+    "rope_theta_global",
+    "rope_theta_local",
+    "local_attention",
+    "global_attention_every_n_layers",
 }
 
 
@@ -114,7 +121,7 @@ def hf_config(model_config: ModelConfig, vocab_size: int, with_lm_head: bool) ->
     return config
 
 
-def _layers(encoder_params: dict, num_layers: int, scanned: bool) -> list[dict]:
+def layers_of(encoder_params: dict, num_layers: int, scanned: bool) -> list[dict]:
     if not scanned:
         return [encoder_params[f"layers_{i}"] for i in range(num_layers)]
     stacked = encoder_params["layers"]
@@ -176,7 +183,7 @@ def state_dict(
         ),
     }
     out |= _norm(f"{base}embeddings.LayerNorm", enc["embed_norm"])
-    for i, layer in enumerate(_layers(enc, cfg.num_layers, cfg.scan_layers)):
+    for i, layer in enumerate(layers_of(enc, cfg.num_layers, cfg.scan_layers)):
         out |= _layer(f"{base}encoder.layer.{i}", layer, cfg.hidden_size)
     if uses_relative_bias(cfg):
         out[f"{base}encoder.relative_attention_bias.weight"] = np.asarray(

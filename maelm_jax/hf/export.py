@@ -8,7 +8,9 @@ MLM logits) agree to `TOLERANCE`. The directory appears at OUT only once parity 
 Which class: an encoder without the relative position bias is exactly `RobertaModel`; MLM
 runs keep their LM head (`RobertaForMaskedLM`). MAE-LM / 3ML runs export the encoder alone:
 their LM head was trained on the decoder's outputs, so it is meaningless on the encoder's.
-An encoder with the bias ships `modeling_maelm.py` (`trust_remote_code=True`).
+An encoder with the bias ships `modeling_maelm.py` (`trust_remote_code=True`). The modern
+backbone exports as transformers' own `ModernBertModel` / `ModernBertForMaskedLM`
+(hf/modern_convert.py), which load without remote code.
 """
 
 import dataclasses
@@ -24,6 +26,7 @@ import numpy as np
 
 from maelm_jax import paths
 from maelm_jax.hf import convert as hf_convert
+from maelm_jax.hf import modern_convert
 from maelm_jax.inspection import trained_model
 from maelm_jax.run_config import ConfigError
 
@@ -76,10 +79,18 @@ def check_exportable(trained: trained_model.TrainedModel) -> None:
 
 
 def parity_batch(trained: trained_model.TrainedModel) -> np.ndarray:
-    """[len(PARITY_TEXTS), T] int32 `<s> ... </s>` rows, right-padded with `<pad>`."""
-    tok = trained.tokenizer
-    limit = trained.model_config.max_positions
-    rows = [[tok.bos_id, *tok.encode(t)[: limit - 2], tok.eos_id] for t in PARITY_TEXTS]
+    """[len(PARITY_TEXTS) (+ 1), T] int32 `<s> ... </s>` rows, right-padded with `<pad>`.
+    The modern backbone gets one more row, longer than its local window where the model
+    allows it, so that the local layers' window is exercised."""
+    tok, cfg = trained.tokenizer, trained.model_config
+    limit = cfg.max_positions
+    texts = list(PARITY_TEXTS)
+    if cfg.modern:
+        long_row = " ".join(PARITY_TEXTS)
+        while len(tok.encode(long_row)) < min(cfg.local_attention + 32, limit):
+            long_row += " " + " ".join(PARITY_TEXTS)
+        texts.append(long_row)
+    rows = [[tok.bos_id, *tok.encode(t)[: limit - 2], tok.eos_id] for t in texts]
     batch = np.full((len(rows), max(map(len, rows))), tok.pad_id, np.int32)
     for i, row in enumerate(rows):
         batch[i, : len(row)] = row
@@ -185,14 +196,15 @@ def _export_local(workdir, output_dir: str, step: int | None) -> ExportResult:
     cfg, vocab = trained.model_config, trained.tokenizer.vocab_size
     with_lm_head = trained.config.objective == "mlm"
     remote_code = hf_convert.uses_relative_bias(cfg)
-    hf_cfg = hf_convert.hf_config(cfg, vocab, with_lm_head)
+    converter = modern_convert if cfg.modern else hf_convert
+    hf_cfg = converter.hf_config(cfg, vocab, with_lm_head)
     hf_class = hf_cfg["architectures"][0]
 
     tmp = f"{out}.tmp-{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(hf_cfg, f, indent=1)
-    weights = hf_convert.state_dict(trained.params, cfg, vocab, with_lm_head)
+    weights = converter.state_dict(trained.params, cfg, vocab, with_lm_head)
     save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     hf_tokenizer(trained.tokenizer, cfg.max_positions).save_pretrained(tmp)
     if remote_code:

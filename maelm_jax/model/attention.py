@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.model import logical_axes as ax
-from maelm_jax.model.relative_bias import RelativeBias
+from maelm_jax.model.positions.relative_bias import RelativeBias
+from maelm_jax.model.positions.rotary import Window, rotate
 from maelm_jax.model.remat import saved
 from maelm_jax.run_config import ModelConfig
 
@@ -62,6 +63,8 @@ class MultiHeadAttention(nn.Module):
             ax.param(nn.initializers.normal(cfg.init_std), ("embed", "heads", "kv")),
             (cfg.hidden_size, cfg.num_heads, cfg.head_dim),
         )
+        if cfg.modern:  # bias-free, as ModernBERT
+            return kernel.astype(cfg.dtype), jnp.zeros((), cfg.dtype)
         bias = self.param(
             f"{name}_bias",
             ax.param(nn.initializers.zeros, bias_axes),
@@ -72,8 +75,19 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: float = 0.0  # on the attention probabilities
 
     @nn.compact
-    def __call__(self, x, context, segments, bias=None, deterministic: bool = True):
-        """segments: (query [B, T], key [B, S]) int segment ids; bias: as `attend` takes it."""
+    def __call__(
+        self,
+        x,
+        context,
+        segments,
+        bias=None,
+        deterministic: bool = True,
+        rotations=None,
+        window: Window | None = None,
+    ):
+        """segments: (query [B, T], key [B, S]) int segment ids; bias: as `attend` takes it;
+        rotations: ((cos, sin) of the queries, of the keys), [B|1, T|S, H/2] each, or None
+        (positions/rotary.py); window: a local layer's `rotary.Window` or None."""
         cfg = self.config
 
         def project(name, inputs):  # named for the remat policies (remat.py)
@@ -82,6 +96,9 @@ class MultiHeadAttention(nn.Module):
             return saved(ax.constrain(y, ax.HEADS), name)
 
         q, k, v = project("query", x), project("key", context), project("value", context)
+        if rotations is not None:
+            (q_cos, q_sin), (k_cos, k_sin) = rotations
+            q, k = rotate(q, q_cos, q_sin), rotate(k, k_cos, k_sin)
         dropout_rng = None
         if self.dropout_rate > 0.0 and not deterministic:
             dropout_rng = self.make_rng("dropout")
@@ -91,7 +108,9 @@ class MultiHeadAttention(nn.Module):
             cfg.kernel_interpret,
             jnp.float32 if cfg.float32_attention_logits else None,
         )
-        out = attend(q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk, options)
+        out = attend(
+            q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk, options, window
+        )
         kernel, b = self._weights("out", ("embed",))
         y = jnp.einsum("bsnh,enh->bse", ax.constrain(out, ax.HEADS), kernel) + b
         return saved(y, "attention_out")
@@ -175,6 +194,7 @@ def attend(
     dropout_rng=None,
     query_chunk: int = 0,
     options: AttentionOptions = AttentionOptions(),
+    window: Window | None = None,
 ):
     """q [B, T, N, H], k and v [B, S, N, H], segment ids [B, T] and [B, S], bias (a
     `RelativeBias`, [B|1, N, T, S], `QueryBlocks` from `stack_bias`, or None) -> [B, T, N, H];
@@ -184,7 +204,21 @@ def attend(
     and T longer, the queries go in ceil(T / query_chunk) equal blocks
     (the last padded with queries that see no key), each under `jax.checkpoint`, so no
     [B, N, T, S] array exists in either pass. Every query's result is the same as unchunked.
+
+    `window` (positions/rotary.py) narrows a local layer's keys. A kernel serves the global
+    layers: in a scanned stack, where being global is data, through a `cond` whose other
+    branch is the windowed XLA path.
     """
+    if window is not None and isinstance(window.is_global, bool):
+        window = None if window.is_global else window
+    if window is not None and options.fused(bias, dropout_rng):
+        args = (q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng)
+        xla = dataclasses.replace(options, impl="xla")
+        return jax.lax.cond(
+            window.is_global,
+            lambda: attend(*args, query_chunk, options),
+            lambda: attend(*args, query_chunk, xla, window),
+        )
     t = q.shape[1]
     n, size = query_blocks(t, 0 if options.fused(bias, dropout_rng) else query_chunk)
     if isinstance(bias, QueryBlocks) and bias.blocks.shape[0] != n:
@@ -192,7 +226,7 @@ def attend(
     if n == 1:
         bias = _dense(bias, q.dtype)
         return _attend_block(
-            q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng, options
+            q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng, options, window
         )
 
     def blocks(x, axis=1, fill=0):
@@ -207,25 +241,45 @@ def attend(
     else:
         bias_blocks = None
 
+    window_blocks = None if window is None else blocks(window.query_positions)
+
     @jax.checkpoint
     def block(inputs):
-        index, q_block, segments, bias_block = inputs
+        index, q_block, segments, bias_block, positions = inputs
         if isinstance(bias, RelativeBias):
             block_bias = dataclasses.replace(bias, query_positions=bias_block).dense(q.dtype)
         else:  # a dense bias or QueryBlocks
             block_bias = None if bias is None else bias_block.astype(q.dtype)
         rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
+        block_window = None if window is None else window.replace(query_positions=positions)
         return _attend_block(
-            q_block, k, v, segments, key_segments, block_bias, dropout_rate, rng, options
+            q_block,
+            k,
+            v,
+            segments,
+            key_segments,
+            block_bias,
+            dropout_rate,
+            rng,
+            options,
+            block_window,
         )
 
-    inputs = (jnp.arange(n), blocks(q), blocks(query_segments, fill=-1), bias_blocks)
+    inputs = (
+        jnp.arange(n),
+        blocks(q),
+        blocks(query_segments, fill=-1),
+        bias_blocks,
+        window_blocks,
+    )
     out = jax.lax.map(block, inputs)  # [n, B, size, N, H]
     out = jnp.moveaxis(out, 0, 1)
     return out.reshape((out.shape[0], n * size, *out.shape[3:]))[:, :t]
 
 
-def _attend_block(q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng, options):
+def _attend_block(
+    q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng, options, window=None
+):
     """`attend` on dense inputs: the only place that turns segment ids into a mask, and the
     one a fused kernel replaces where it applies (`AttentionOptions`).
 
@@ -235,7 +289,7 @@ def _attend_block(q, k, v, query_segments, key_segments, bias, dropout_rate, dro
     passes, and a bias or mask added to them split the fusion (README, "Three clocks"). The
     softmax itself runs in float32. The segment mask is additive so it fuses like the bias.
     """
-    if options.fused(bias, dropout_rng):
+    if window is None and options.fused(bias, dropout_rng):
         if options.impl == "splash":
             from maelm_jax.model.fused_attention import splash_attend
 
@@ -244,6 +298,8 @@ def _attend_block(q, k, v, query_segments, key_segments, bias, dropout_rate, dro
         out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
         return _zero_rows_without_keys(out, mask)
     mask = segment_mask(query_segments, key_segments)
+    if window is not None:
+        mask = mask & window.mask()
     dtype = options.logits_dtype or q.dtype
     scale = jnp.asarray(1.0 / np.sqrt(q.shape[-1]), q.dtype)
     logits = jnp.einsum("btnh,bsnh->bnts", q * scale, k, preferred_element_type=dtype)

@@ -3,8 +3,11 @@
 Counts matmuls only (2 FLOPs per multiply-add), for the global batch of one optimizer step:
 
 - every transformer layer on T query tokens that attend over S keys: the Q, K, V, O
-  projections and the MLP, `2 T (4 E^2 + 2 E F)`, plus the attention scores and the
-  weighted values, `4 T S E` (bidirectional: every query sees every key);
+  projections and the MLP, `2 T (4 E^2 + m E F)` with m = 2 matrices (GELU MLP) or 3
+  (the modern backbone's GeGLU), plus the attention scores and the weighted values,
+  `4 T S E` (bidirectional: every query sees every key; the modern backbone's local
+  layers are counted as computed, over all S keys with the window as a mask: the XLA
+  path skips no block, model/positions/rotary.py);
 - the encoder runs on the tokens it sees: all L for MLM, the L - k visible ones for MAE-LM
   and 3ML; the self-attention decoder (MAE-LM, 3ML-self) runs on all L slots; the
   cross-attention decoder (3ML-cross) runs its self-attention and MLP on the k masked slots
@@ -56,6 +59,7 @@ class Shape:
     hidden: int
     mlp: int
     vocab: int
+    mlp_matrices: int = 2  # 3 for the modern backbone's GeGLU
 
     @classmethod
     def of(cls, run: RunConfig) -> "Shape":
@@ -71,6 +75,7 @@ class Shape:
             hidden=m.hidden_size,
             mlp=m.mlp_dim,
             vocab=m.vocab_size,
+            mlp_matrices=3 if m.modern else 2,
         )
 
     @property
@@ -81,7 +86,7 @@ class Shape:
 def layer_forward(s: Shape, queries: int, keys: int) -> float:
     """One self-attention + MLP layer for one row: [queries, E] attending over `keys`."""
     e = s.hidden
-    return 2 * queries * (4 * e * e + 2 * e * s.mlp) + 4 * queries * keys * e
+    return 2 * queries * (4 * e * e + s.mlp_matrices * e * s.mlp) + 4 * queries * keys * e
 
 
 def cross_layer_forward(s: Shape) -> float:
@@ -89,7 +94,7 @@ def cross_layer_forward(s: Shape) -> float:
     e, k, context = s.hidden, s.num_masked, s.seq_len - s.num_masked
     self_attention = 2 * k * 4 * e * e + 4 * k * k * e
     cross = 2 * k * 2 * e * e + 2 * context * 2 * e * e + 4 * k * context * e
-    return self_attention + cross + 2 * k * 2 * e * s.mlp
+    return self_attention + cross + 2 * k * s.mlp_matrices * e * s.mlp
 
 
 def region_flops(run: RunConfig, num_params: int) -> dict[str, float]:

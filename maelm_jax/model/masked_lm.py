@@ -1,16 +1,12 @@
 """The masked language models: RoBERTa MLM, MAE-LM / 3ML-self, and 3ML-cross.
 
-One encoder serves all three. It embeds each token at its *original* position, so the
-MAE-LM encoder can run on the visible subsequence alone (`visible_idx`, a static-shape
-gather) and still know where every token sits. The decoders, used only in pretraining, put
-a [MASK] vector at the masked slots (`mask_token_source`: "embedding_row", the token
-embedding's `<mask>` row as official MAE-LM does, so its gradient reaches that row; or
-"learned", a separate vector as 3ML does); the LM head only ever sees the k masked slots, so
-logits are [B, k, V], never [B, L, V].
+One encoder (encoder.py) serves all three; MAE-LM and 3ML add a decoder (decoders.py), used
+only in pretraining; the LM head only ever sees the k masked slots, so logits are
+[B, k, V], never [B, L, V].
 
 Attention is confined to documents by segment ids ([B, L] int32, 0 = padding; see
-segments.py and attention.py). They travel with every static-shape gather: the MAE-LM
-encoder reads them at `visible_idx`, the 3ML-cross queries at `masked_idx`.
+positions/segments.py and attention.py). They travel with every static-shape gather: the
+MAE-LM encoder reads them at `visible_idx`, the 3ML-cross queries at `masked_idx`.
 """
 
 import flax.linen as nn
@@ -18,184 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from maelm_jax.model import logical_axes as ax
-from maelm_jax.model.attention import stack_bias
-from maelm_jax.model.relative_bias import RelativePositionBias
-from maelm_jax.model.transformer import CrossDecoderBlock, EncoderBlock, apply_layers, layer_norm
+from maelm_jax.model.decoders import CrossDecoder, SelfDecoder
+from maelm_jax.model.encoder import Encoder, gather_positions
+from maelm_jax.model.transformer import layer_norm
 from maelm_jax.run_config import ModelConfig
-
-
-def gather_positions(x, idx):
-    """x: [B, L, ...], idx: [B, n] -> [B, n, ...] (rows gather independently)."""
-    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
-    return jnp.take_along_axis(x, idx, axis=1)
-
-
-def stack_bias_of(config: ModelConfig, bias):
-    """`attention.stack_bias` as `config` asks: in its dtype, query blocks and `once`."""
-    return stack_bias(bias, config.dtype, config.attention_query_chunk, config.relative_bias_once)
-
-
-class PositionEmbedding(nn.Module):
-    """Learned absolute positions, looked up at the given (original) positions."""
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(self, positions):
-        """positions: [B, T] int -> [B, T, E] in the compute dtype."""
-        cfg = self.config
-        table = self.param(
-            "embedding",
-            ax.param(nn.initializers.normal(cfg.init_std), ("position", "embed")),
-            (cfg.max_positions, cfg.hidden_size),
-            jnp.float32,
-        )
-        return jnp.take(table, positions, axis=0).astype(cfg.dtype)
-
-
-class Encoder(nn.Module):
-    """Token vectors + original positions -> contextual vectors; RoBERTa-compatible."""
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(self, token_vectors, positions, segment_ids, deterministic: bool):
-        """token_vectors [B, T, E], positions [B|1, T], segment_ids int [B, T] -> [B, T, E]."""
-        cfg = self.config
-        x = token_vectors + PositionEmbedding(cfg, name="position_embed")(positions)
-        x = layer_norm(cfg, "embed_norm")(x)
-        x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
-        x = ax.constrain(x, ax.HIDDEN)
-        bias = None
-        if cfg.relative_attention_buckets:
-            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
-        bias = stack_bias_of(cfg, bias)
-        return apply_layers(
-            EncoderBlock,
-            cfg,
-            cfg.num_layers,
-            "layers",
-            cfg.remat_policy,
-            x,
-            segment_ids,
-            bias,
-            dropout_rate=cfg.dropout_rate,
-            attention_dropout_rate=cfg.attention_dropout_rate,
-            deterministic=deterministic,
-        )
-
-
-def mask_embedding(module: nn.Module, config: ModelConfig, mask_vector):
-    """The [MASK] vector the decoders put at masked slots: [E], compute dtype; `mask_vector`
-    (the `<mask>` embedding row) if given, else the decoder's learned `mask_embedding`."""
-    if mask_vector is not None:
-        return mask_vector.astype(config.dtype)
-    vector = module.param(
-        "mask_embedding",
-        ax.param(nn.initializers.normal(config.init_std), ("embed",)),
-        (config.hidden_size,),
-        jnp.float32,
-    )
-    return vector.astype(config.dtype)
-
-
-class SelfDecoder(nn.Module):
-    """MAE-LM / 3ML-self: full-length self-attention over encoder outputs and [MASK] slots."""
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(
-        self, encoded, visible_idx, masked_idx, segment_ids, deterministic: bool, mask_vector
-    ):
-        """encoded [B, L-k, E] at visible_idx; masked_idx [B, k]; segment_ids [B, L]; mask_vector
-        [E] or None (learned) -> [B, k, E].
-
-        Concatenating [encoded; MASK x k] and gathering with the inverse of the permutation
-        (visible_idx, masked_idx) puts every vector back at its original position: an
-        "unshuffle" gather rather than a scatter.
-        """
-        cfg = self.config
-        batch, k = masked_idx.shape
-        mask = mask_embedding(self, cfg, mask_vector)
-        masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
-        slots = jnp.concatenate([encoded.astype(cfg.dtype), masks], axis=1)
-        restore = jnp.argsort(jnp.concatenate([visible_idx, masked_idx], axis=1), axis=1)
-        positions = jnp.broadcast_to(jnp.arange(segment_ids.shape[1]), segment_ids.shape)
-        x = ax.constrain(gather_positions(slots, restore), ax.HIDDEN)
-        x = x + PositionEmbedding(cfg, name="position_embed")(positions)
-        self.sow("intermediates", "decoder_input", x)
-        x = layer_norm(cfg, "embed_norm")(x)
-        x = nn.Dropout(cfg.decoder_dropout_rate, deterministic=deterministic)(x)
-        bias = None
-        if cfg.decoder_relative_attention:  # every row has the same positions: [1, N, L, L]
-            bias = RelativePositionBias(cfg, name="relative_bias")(positions[:1], positions[:1])
-        bias = stack_bias_of(cfg, bias)
-        x = apply_layers(
-            EncoderBlock,
-            cfg,
-            cfg.num_decoder_layers,
-            "layers",
-            cfg.decoder_remat_policy,
-            x,
-            segment_ids,
-            bias,
-            dropout_rate=cfg.decoder_dropout_rate,
-            attention_dropout_rate=cfg.decoder_attention_dropout_rate,
-            deterministic=deterministic,
-        )
-        return gather_positions(x, masked_idx)
-
-
-class CrossDecoder(nn.Module):
-    """3ML-cross: only the k [MASK] slots are queries; they cross-attend to the encoder."""
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(
-        self,
-        encoded,
-        encoded_segments,
-        visible_idx,
-        masked_idx,
-        masked_segments,
-        deterministic: bool,
-        mask_vector,
-    ):
-        """encoded [B, L-k, E] with its segment ids encoded_segments and positions visible_idx
-        [B, L-k]; masked_idx, masked_segments [B, k]; mask_vector [E] or None (learned)
-        -> [B, k, E]."""
-        cfg = self.config
-        self_bias = cross_bias = None
-        if cfg.decoder_relative_attention:  # one table for both attentions
-            relative_bias = RelativePositionBias(cfg, name="relative_bias")
-            self_bias = stack_bias_of(cfg, relative_bias(masked_idx, masked_idx))
-            cross_bias = stack_bias_of(cfg, relative_bias(masked_idx, visible_idx))
-        batch, k = masked_idx.shape
-        mask = mask_embedding(self, cfg, mask_vector)
-        masks = jnp.broadcast_to(mask, (batch, k, cfg.hidden_size))
-        x = masks + PositionEmbedding(cfg, name="position_embed")(masked_idx)
-        x = ax.constrain(x, ax.HIDDEN)
-        self.sow("intermediates", "decoder_input", x)
-        x = layer_norm(cfg, "embed_norm")(x)
-        x = nn.Dropout(cfg.decoder_dropout_rate, deterministic=deterministic)(x)
-        return apply_layers(
-            CrossDecoderBlock,
-            cfg,
-            cfg.num_decoder_layers,
-            "layers",
-            cfg.decoder_remat_policy,
-            x,
-            masked_segments,
-            encoded.astype(cfg.dtype),
-            encoded_segments,
-            self_bias,
-            cross_bias,
-            dropout_rate=cfg.decoder_dropout_rate,
-            attention_dropout_rate=cfg.decoder_attention_dropout_rate,
-            deterministic=deterministic,
-        )
 
 
 class LMHead(nn.Module):
@@ -210,6 +32,7 @@ class LMHead(nn.Module):
         hidden = ax.constrain(hidden, ax.HIDDEN)
         h = nn.Dense(
             cfg.hidden_size,
+            use_bias=not cfg.modern,  # ModernBERT's head: bias-free dense and norm
             kernel_init=ax.param(nn.initializers.normal(cfg.init_std), ("embed", "mlp")),
             bias_init=ax.param(nn.initializers.zeros, ("mlp",)),
             dtype=cfg.dtype,

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.model import segments
+from maelm_jax.model.positions import segments
 from maelm_jax.run_config import MaskingConfig
 
 # Which slots fill the k first: regular tokens, then padding, then <s>/</s>. A row with
@@ -38,7 +38,8 @@ class MaskedBatch(NamedTuple):
     masked_idx: jax.Array  # [B, k] ascending positions
     visible_idx: jax.Array  # [B, L - k] ascending; with masked_idx a permutation of 0..L-1
     mask_weights: jax.Array  # [B, k] float32: 1 for real targets, 0 for forced slots
-    segment_ids: jax.Array  # [B, L] int32 document of each position, 0 = padding (segments.py)
+    # [B, L] int32 document of each position, 0 = padding (model/positions/segments.py)
+    segment_ids: jax.Array
 
 
 def choose_slots(key: jax.Array, ids: jax.Array, cfg: MaskingConfig):

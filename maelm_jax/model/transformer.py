@@ -15,8 +15,10 @@ from maelm_jax.run_config import ModelConfig
 
 
 def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+    """RoBERTa's LayerNorm, or the modern backbone's, which has no bias."""
     return nn.LayerNorm(
         epsilon=config.layer_norm_epsilon,
+        use_bias=not config.modern,
         dtype=config.dtype,
         param_dtype=jnp.float32,
         scale_init=ax.param(nn.initializers.ones, ("embed",)),
@@ -80,7 +82,7 @@ class EncoderBlock(nn.Module):
         x = layer_norm(self.config, "attention_norm")(x + drop(h))
         h = Mlp(self.config, name="mlp")(x)
         x = layer_norm(self.config, "mlp_norm")(x + drop(h))
-        return _carry(x, flat), None
+        return to_carry(x, flat), None
 
 
 class CrossDecoderBlock(nn.Module):
@@ -112,10 +114,10 @@ class CrossDecoderBlock(nn.Module):
         x = layer_norm(self.config, "cross_attention_norm")(x + drop(h))
         h = Mlp(self.config, name="mlp")(x)
         x = layer_norm(self.config, "mlp_norm")(x + drop(h))
-        return _carry(x, flat), None
+        return to_carry(x, flat), None
 
 
-def _carry(x, flat: bool):
+def to_carry(x, flat: bool):
     """[B, T, E] -> the carry between blocks: [B * T, E] if `flat`, else as is."""
     x = ax.constrain(x, ax.HIDDEN)
     return x.reshape(-1, x.shape[-1]) if flat else x
@@ -142,24 +144,30 @@ def apply_layers(
     the carry between blocks is tokens [B * T, E] (remat.py).
     """
     shape = x.shape
-    x = _carry(x, token_major(x))
+    x = to_carry(x, token_major(x))
+    # A block with `indexed` takes its layer's index first (the modern backbone's layer
+    # kinds): a Python int in a loop, so the kind is static there; scanned, an int32.
+    indexed = getattr(block_cls, "indexed", False)
     if remat_policy != "none":
         block_cls = nn.remat(
             block_cls,
             policy=POLICIES[remat_policy],
             prevent_cse=not config.scan_layers,
+            # self is 0 and the carry 1: a loop's layer index stays a Python int
+            static_argnums=(2,) if indexed and not config.scan_layers else (),
         )
     if config.scan_layers:
         stack = nn.scan(
             block_cls,
             variable_axes={"params": 0},
             split_rngs={"params": True, "dropout": True},
-            in_axes=(nn.broadcast,) * len(shared),
+            in_axes=(0,) * indexed + (nn.broadcast,) * len(shared),
             length=num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        x, _ = stack(config, name=name, **attrs)(x, *shared)
+        index = (jnp.arange(num_layers, dtype=jnp.int32),) * indexed
+        x, _ = stack(config, name=name, **attrs)(x, *index, *shared)
         return x.reshape(shape)
     for i in range(num_layers):
-        x, _ = block_cls(config, name=f"{name}_{i}", **attrs)(x, *shared)
+        x, _ = block_cls(config, name=f"{name}_{i}", **attrs)(x, *(i,) * indexed, *shared)
     return x.reshape(shape)

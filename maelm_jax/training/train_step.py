@@ -84,8 +84,8 @@ def train_step(
 ):
     """One optimizer update on the global batch {"input_ids": [B, L] int32}.
 
-    Document segment ids are derived from the blocks inside the step (segments.py), so the
-    batch stays one array.
+    Document segment ids are derived from the blocks inside the step
+    (model/positions/segments.py), so the batch stays one array.
 
     An update whose loss or gradient norm is not finite is dropped (params and optimizer
     state kept, `skipped_updates` incremented); the host decides whether that stops the run.

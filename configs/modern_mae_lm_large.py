@@ -1,0 +1,8 @@
+"""MAE-LM on the modern backbone, large (configs/modern.py): the encoder sees the unmasked
+85% at their original positions; MAE-LM's 4-layer decoder and [MASK] row, pre-LN and global."""
+
+from configs import mae_lm_large, modern
+
+
+def get_config():
+    return modern.large_model(mae_lm_large.get_config())

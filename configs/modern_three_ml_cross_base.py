@@ -1,0 +1,8 @@
+"""3ML-cross on the modern backbone, base (configs/modern.py): 50% masking; 2 decoder
+layers whose queries are the masked slots, cross-attending to the kept tokens."""
+
+from configs import modern, three_ml_cross_base
+
+
+def get_config():
+    return modern.base_model(three_ml_cross_base.get_config())

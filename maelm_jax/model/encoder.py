@@ -1,0 +1,109 @@
+"""The encoder every objective shares, and what travels with tokens through the gathers.
+
+It embeds each token at its *original* position, so the MAE-LM and 3ML encoders run on the
+kept subsequence alone (`visible_idx`, a static-shape gather) and still know where every
+token sits: the roberta backbone through learned absolute positions (and the relative bias
+where configured), the modern one through rotations at those positions
+(model/positions/rotary.py). This encoder is what survives pretraining and is exported.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from maelm_jax.model import logical_axes as ax
+from maelm_jax.model.attention import stack_bias
+from maelm_jax.model.modern_blocks import ModernBlock
+from maelm_jax.model.positions.relative_bias import RelativePositionBias
+from maelm_jax.model.positions.rotary import rotations
+from maelm_jax.model.transformer import EncoderBlock, apply_layers, layer_norm
+from maelm_jax.run_config import ModelConfig
+
+
+def gather_positions(x, idx):
+    """x: [B, L, ...], idx: [B, n] -> [B, n, ...] (rows gather independently)."""
+    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+def stack_bias_of(config: ModelConfig, bias):
+    """`attention.stack_bias` as `config` asks: in its dtype, query blocks and `once`."""
+    return stack_bias(bias, config.dtype, config.attention_query_chunk, config.relative_bias_once)
+
+
+class PositionEmbedding(nn.Module):
+    """Learned absolute positions, looked up at the given (original) positions."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, positions):
+        """positions: [B, T] int -> [B, T, E] in the compute dtype."""
+        cfg = self.config
+        table = self.param(
+            "embedding",
+            ax.param(nn.initializers.normal(cfg.init_std), ("position", "embed")),
+            (cfg.max_positions, cfg.hidden_size),
+            jnp.float32,
+        )
+        return jnp.take(table, positions, axis=0).astype(cfg.dtype)
+
+
+class Encoder(nn.Module):
+    """Token vectors + original positions -> contextual vectors; RoBERTa-compatible."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, token_vectors, positions, segment_ids, deterministic: bool):
+        """token_vectors [B, T, E], positions [B|1, T], segment_ids int [B, T] -> [B, T, E]."""
+        cfg = self.config
+        if cfg.modern:
+            return self._modern(token_vectors, positions, segment_ids, deterministic)
+        x = token_vectors + PositionEmbedding(cfg, name="position_embed")(positions)
+        x = layer_norm(cfg, "embed_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
+        x = ax.constrain(x, ax.HIDDEN)
+        bias = None
+        if cfg.relative_attention_buckets:
+            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
+        bias = stack_bias_of(cfg, bias)
+        return apply_layers(
+            EncoderBlock,
+            cfg,
+            cfg.num_layers,
+            "layers",
+            cfg.remat_policy,
+            x,
+            segment_ids,
+            bias,
+            dropout_rate=cfg.dropout_rate,
+            attention_dropout_rate=cfg.attention_dropout_rate,
+            deterministic=deterministic,
+        )
+
+    def _modern(self, token_vectors, positions, segment_ids, deterministic):
+        """ModernBERT's encoder: embedding norm, pre-LN layers rotated at `positions`, final
+        norm."""
+        cfg = self.config
+        x = layer_norm(cfg, "embed_norm")(token_vectors)
+        x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
+        x = apply_layers(
+            ModernBlock,
+            cfg,
+            cfg.num_layers,
+            "layers",
+            cfg.remat_policy,
+            ax.constrain(x, ax.HIDDEN),
+            segment_ids,
+            positions,
+            rotations_of(cfg, positions),
+            dropout_rate=cfg.dropout_rate,
+            attention_dropout_rate=cfg.attention_dropout_rate,
+            deterministic=deterministic,
+            first_unnormed=True,
+        )
+        return layer_norm(cfg, "final_norm")(x)
+
+
+def rotations_of(config: ModelConfig, positions):
+    return rotations(positions, config.head_dim, config.rope_theta_global, config.rope_theta_local)
