@@ -1,8 +1,12 @@
-"""`python -m maelm_jax.prepare_data --config=configs/<name>.py [--data_dir=gs://...] [--json]`.
+"""`python -m maelm_jax.prepare_data --config=configs/<name>.py [--data_dir=gs://...]
+[--num_shards=16] [--workers=N] [--json]`.
 
 Run once, on one machine, before a pod is launched: prepares the config's dataset, trains
-its SentencePiece model and writes the corpus statistics next to the data
-(`maelm_jax/data/preparation.py` says what and how; a rerun changes nothing).
+its SentencePiece model, tokenizes and packs the corpus into `--num_shards` shards of
+`seq_len` blocks with `--workers` processes, and writes the corpus statistics next to the
+data (`maelm_jax/data/preparation.py` says what and how). Every run with the same data keys
+and seq_len then reads those blocks, whatever its method or size. A rerun changes nothing
+but missing or corrupt shards (rebuilt); an interrupted one resumes.
 """
 
 import json
@@ -11,7 +15,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from maelm_jax import cli, configuration, paths
-from maelm_jax.data.preparation import prepare
+from maelm_jax.data.preparation import NUM_SHARDS, prepare
 
 
 def format_report(r: dict) -> str:
@@ -22,7 +26,13 @@ def format_report(r: dict) -> str:
         ("tokenizer", f"{r['vocab_size']} pieces, sha256 {r['tokenizer_sha256'][:12]}"),
         ("documents", f"{r['documents']:,}"),
         ("tokens", f"{r['tokens']:,} ({r['tokens'] / r['documents']:,.0f} per document)"),
-        (f"blocks of {r['seq_len']}", f"{r['blocks']:,}"),
+        (f"blocks of {r['seq_len']}", f"{r['blocks']:,} train, {r['eval_blocks']:,} eval"),
+        ("shards", f"{r['num_shards']} of {r['dtype']} in {r['blocks_dir']}"),
+        (
+            "packed",
+            f"{r['text_bytes'] / 1e6:,.1f} MB of text in {r['pack_seconds']:.1f}s on "
+            f"{r['pack_workers']} workers",
+        ),
         ("unigram entropy", f"{r['unigram_entropy_bits']:.3f} bits/token"),
         ("distinct tokens", f"{r['distinct_tokens']:,}"),
     ]
@@ -36,6 +46,10 @@ def define_flags() -> None:
     """Called by `__main__` only, so tests can import this module beside other commands."""
     config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
     flags.DEFINE_string("data_dir", None, "Replaces config.data_dir (local, file:// or gs://).")
+    flags.DEFINE_integer(
+        "num_shards", NUM_SHARDS, "Shards per split; each host reads num_shards / hosts.", 1
+    )
+    flags.DEFINE_integer("workers", None, "Packing processes; default: one per core.", 1)
     flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
     flags.mark_flags_as_required(["config"])
 
@@ -46,7 +60,7 @@ def main(argv):
     config = FLAGS.config
     if FLAGS.data_dir:
         config.data_dir = paths.resolve(FLAGS.data_dir)
-    report = prepare(configuration.freeze(config).data)
+    report = prepare(configuration.freeze(config).data, FLAGS.num_shards, FLAGS.workers)
     print(json.dumps(report) if FLAGS.json else format_report(report))
 
 

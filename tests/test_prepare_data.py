@@ -1,6 +1,6 @@
-"""prepare_data: tokenizer and statistics next to the data, built once (also by two processes
-at once), found by training, which then builds nothing; file:// paths; each host reads only
-its own text files."""
+"""prepare_data: tokenizer, packed shards and statistics next to the data, built once (also
+by two processes at once), found by training, which then builds nothing; file:// paths; each
+host reads only its own text files."""
 
 import collections
 import json
@@ -46,16 +46,18 @@ def data_config(config):
 
 
 def _check_statistics(report: dict, config) -> None:
-    """The report against an independent count with the stored tokenizer and the packer."""
+    """The report against an independent count with the stored tokenizer and the packer,
+    over the shards' shares of the training documents."""
     tokenizer = Tokenizer.from_path(report["tokenizer"])
     assert tokenizer.fingerprint == report["tokenizer_sha256"]
-    docs = list(read_documents(config, "train", 0, 1))
-    ids = [tokenizer.encode(d) for d in docs]
-    counts = collections.Counter(i for doc in ids for i in doc)
+    n = report["num_shards"]
+    shares = [list(read_documents(config, "train", i, n)) for i in range(n)]
+    ids = [[tokenizer.encode(d) for d in share] for share in shares]
+    counts = collections.Counter(i for share in ids for doc in share for i in doc)
     p = np.array(list(counts.values())) / counts.total()
-    assert report["documents"] == len(docs) > 0
+    assert report["documents"] == sum(map(len, shares)) > 0
     assert report["tokens"] == counts.total()
-    assert report["blocks"] == len(pack_documents(ids, config.seq_len))
+    assert report["blocks"] == sum(len(pack_documents(s, config.seq_len)) for s in ids if s)
     assert report["unigram_entropy_bits"] == pytest.approx(-(p * np.log2(p)).sum())
 
 
@@ -115,6 +117,7 @@ def test_two_processes_at_once_build_it_once_on_the_embedded_corpus(tmp_path_fac
     assert reports[0]["prepared_dir"] == str(prepared_dir)  # the file:// URL, resolved
     assert not list((prepared_dir / prepared.CLAIMS_DIRNAME).iterdir())
     assert sorted(p.name for p in prepared_dir.iterdir() if not p.name.startswith(".")) == [
+        prepared.blocks_directory(config, reports[0]["num_shards"]).name,
         prepared.STATISTICS_FILENAME,
         prepared.TOKENIZER_FILENAME,
     ]
@@ -136,6 +139,8 @@ def test_training_on_prepared_data_through_file_urls_builds_nothing(corpus, tmp_
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("Using the prepared tokenizer") for m in messages)
     assert not any(m.startswith("Trained a") for m in messages)  # no tokenizer training
+    assert any(m.startswith("Reading the prepared corpus") for m in messages)
+    assert not (workdir / "data_cache").exists()  # the blocks were mapped, not rebuilt
     prepared_model = pathlib.Path(ready["tokenizer"])
     assert prepared_model.is_relative_to(data_dir)
     assert (workdir / MODEL_FILENAME).read_bytes() == prepared_model.read_bytes()

@@ -1,31 +1,31 @@
 """A corpus prepared once for every run: the TFDS dataset built into `data_dir`, the
-SentencePiece model trained on a sample of its training documents, and its statistics,
+SentencePiece model trained on a sample of its training documents, the whole corpus
+tokenized and packed into shards of `seq_len` blocks (`shard_writer`), and its statistics,
 stored next to the data (`prepared` has the layout). Training hosts then find them instead
-of building them (`tokenizer.load_or_train` copies the prepared model into the workdir).
+of building them: `tokenizer.load_or_train` copies the prepared model into the workdir and
+`input_pipeline` maps the shards, for any method, size or workdir.
 
-A rerun finds `statistics.json` and changes nothing; processes started at once build it
-once (`prepared.build_once`). Statistics are over the training documents (eval held out):
-documents, tokens (without `<s>`/`</s>`), blocks of `seq_len` as FULL-SENTENCES packing
-cuts them (each document plus `</s>`, in chunks of seq_len - 1 after `<s>`), and the unigram
-entropy of the token distribution in bits per token.
+Each stage is built once (`prepared.build_once`: processes started at once wait for the
+first), and a rerun changes nothing unless a shard is missing or changed, which it rebuilds.
+Statistics are over the training documents (eval held out), counted from the shards:
+documents, tokens (without `<s>`/`</s>`), distinct tokens, and the unigram entropy of the
+token distribution in bits per token.
 """
 
-import collections
 import itertools
 import json
-import math
+import os
 import time
 
-import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
-from maelm_jax.data import default_corpus, prepared
+from maelm_jax.data import default_corpus, prepared, shard_writer, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.documents import TEXT_PREFIX, read_documents
-from maelm_jax.run_config import ConfigError, DataConfig
+from maelm_jax.run_config import DataConfig
 
-_ENCODE_BATCH = 512
+NUM_SHARDS = 16  # divides the process count of pods up to 16 hosts; more hosts, more shards
 
 
 def prepare_source(config: DataConfig) -> None:
@@ -41,61 +41,62 @@ def prepare_source(config: DataConfig) -> None:
         builder.download_and_prepare()
 
 
-def corpus_statistics(config: DataConfig, tokenizer: tokenizer_lib.Tokenizer) -> dict:
-    """Counts over the training documents, as one process reads them all."""
-    counts: collections.Counter = collections.Counter()
-    documents = tokens = 0
-    docs = read_documents(config, "train", 0, 1)
-    while batch := list(itertools.islice(docs, _ENCODE_BATCH)):
-        for ids in tokenizer.encode_batch(batch):
-            counts.update(ids)
-            tokens += len(ids)
-        documents += len(batch)
-    if not tokens:
-        raise ConfigError(f"dataset={config.dataset!r} has no training text")
-    p = np.array(list(counts.values()), np.float64) / tokens
-    return {
-        "documents": documents,
-        "tokens": tokens,
-        "distinct_tokens": len(counts),
-        "unigram_entropy_bits": float(-(p * np.log2(p)).sum()),
-    }
-
-
-def blocks(statistics: dict, seq_len: int) -> int:
-    """Blocks of `seq_len` the whole stream packs into (one process; more hosts pad a little)."""
-    return math.ceil((statistics["tokens"] + statistics["documents"]) / (seq_len - 1))
-
-
-def _build(config: DataConfig) -> None:
-    start = time.perf_counter()
+def _build_tokenizer(config: DataConfig) -> None:
     prepare_source(config)
     docs = itertools.islice(read_documents(config, "train", 0, 1), config.tokenizer_train_documents)
-    model = tokenizer_lib.train(docs, config.vocab_size)
-    tokenizer = tokenizer_lib.Tokenizer(model)
-    stats = {
-        "dataset": config.dataset,
-        "vocab_size": tokenizer.vocab_size,
-        "tokenizer_sha256": tokenizer.fingerprint,
-        **corpus_statistics(config, tokenizer),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    prepared.write_atomically(prepared.tokenizer_path(config), model)
     prepared.write_atomically(
-        prepared.statistics_path(config), (json.dumps(stats, indent=1) + "\n").encode()
+        prepared.tokenizer_path(config), tokenizer_lib.train(docs, config.vocab_size)
     )
 
 
-def prepare(config: DataConfig) -> dict:
-    """Prepares `config`'s data once (see the module doc); the statistics, for this seq_len,
-    with where they live and whether this call built them."""
-    built = prepared.build_once(prepared.statistics_path(config), lambda: _build(config))
+def prepare(
+    config: DataConfig,
+    num_shards: int = NUM_SHARDS,
+    workers: int | None = None,
+    max_eval_blocks: int = shard_writer.MAX_EVAL_BLOCKS,
+) -> dict:
+    """Prepares `config`'s data once (see the module doc) with `workers` processes (None:
+    one per core); the statistics with where everything lives, the packing job's numbers and
+    whether this call built anything."""
+    start = time.perf_counter()
+    built = prepared.build_once(prepared.tokenizer_path(config), lambda: _build_tokenizer(config))
+    model = prepared.tokenizer_path(config).read_bytes()
+    blocks_dir = prepared.blocks_directory(config, num_shards)
+    repaired = shard_writer.remove_bad(blocks_dir, config)
+    workers = workers or os.cpu_count() or 1
+    built |= prepared.build_once(
+        blocks_dir / shards.MANIFEST_FILENAME,
+        lambda: shard_writer.build(config, model, blocks_dir, num_shards, workers, max_eval_blocks),
+    )
+    manifest = shards.read_manifest(blocks_dir)
+    if not prepared.statistics_path(config).exists():  # the same for every seq_len
+        stats = {
+            "dataset": config.dataset,
+            "vocab_size": manifest["vocab_size"],
+            "tokenizer_sha256": manifest["tokenizer_sha256"],
+            **manifest["statistics"],
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+        prepared.write_atomically(
+            prepared.statistics_path(config), (json.dumps(stats, indent=1) + "\n").encode()
+        )
+    if built:
+        logging.info("Prepared %s in %.1fs", blocks_dir, time.perf_counter() - start)
     stats = json.loads(prepared.statistics_path(config).read_text())
+    job = manifest["build"]
     return {
         **stats,
         "seq_len": config.seq_len,
-        "blocks": blocks(stats, config.seq_len),
+        "blocks": sum(e["blocks"] for e in manifest["splits"]["train"]),
+        "eval_blocks": sum(e["blocks"] for e in manifest["splits"]["eval"]),
+        "dtype": manifest["dtype"],
+        "num_shards": num_shards,
         "prepared_dir": str(prepared.directory(config)),
+        "blocks_dir": str(blocks_dir),
         "tokenizer": str(prepared.tokenizer_path(config)),
+        "pack_seconds": job["seconds"],
+        "pack_workers": job["workers"],
+        "text_bytes": job["text_bytes"],
+        "repaired": repaired,
         "built": built,
     }

@@ -4,7 +4,10 @@ Layout, next to the TFDS data (`data_dir`, or TFDS's default):
 
     DATA_DIR/maelm_jax_prepared/<dataset>-<digest>/
         tokenizer.model     the SentencePiece model trained on the corpus sample
-        statistics.json     corpus statistics; written last, so it also marks "done"
+        statistics.json     corpus statistics of the training documents
+        blocks-seq<L>-shards<N>/    the corpus tokenized and packed (`shards` has the format)
+            manifest.json           written last: marks the blocks "done"
+            .claims/
         .claims/            who is building (see `build_once`)
 
 The digest covers every setting that changes the tokenizer or the statistics, so two
@@ -65,6 +68,12 @@ def statistics_path(config: DataConfig) -> epath.Path:
     return directory(config) / STATISTICS_FILENAME
 
 
+def blocks_directory(config: DataConfig, num_shards: int) -> epath.Path:
+    """Where `num_shards` shards of `config.seq_len` blocks live (seq_len is not in the
+    digest: one tokenizer serves every block length)."""
+    return directory(config) / f"blocks-seq{config.seq_len}-shards{num_shards}"
+
+
 def write_atomically(path: epath.Path, data: bytes) -> None:
     """A temporary sibling renamed into place: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +93,9 @@ def build_once(
     oldest claim builds, the others wait until `done` appears. A builder that fails removes
     its claim and the next oldest takes over. Plain files and listing only, so it works on
     gs:// as on a local disk (hosts' clocks must agree to within the time a claim takes to
-    write; if a builder was killed without cleanup, delete its claim file, named in the log).
+    write). A claim left by a killed process of this host is removed when found (its pid is
+    gone), so an interrupted build is taken over; one from another host is named in the log
+    for the user to delete.
     """
     claims = done.parent / CLAIMS_DIRNAME
     deadline = time.monotonic() + timeout_s
@@ -103,6 +114,10 @@ def build_once(
                 holder = (claims / first).read_text().strip()
             except FileNotFoundError:  # it just finished or gave up: look again
                 continue
+            if _dead_here(holder):
+                (claims / first).unlink(missing_ok=True)
+                logging.info("Removed the claim of %s, which no longer runs", holder)
+                continue
             logging.info(
                 "Waiting for %s to finish preparing %s (if that process is gone, delete %s)",
                 holder,
@@ -110,9 +125,26 @@ def build_once(
                 claims / first,
             )
             while not done.exists() and (claims / first).exists():
+                if _dead_here(holder):  # killed while we waited: the next oldest builds
+                    (claims / first).unlink(missing_ok=True)
+                    break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{claims / first} still held after {timeout_s:.0f}s")
                 time.sleep(poll_s)
         finally:
             mine.unlink(missing_ok=True)
+    return False
+
+
+def _dead_here(holder: str) -> bool:
+    """Whether a claim's "host=H pid=P" names a process of this host that has ended."""
+    fields = dict(f.split("=", 1) for f in holder.split() if "=" in f)
+    if fields.get("host") != socket.gethostname() or not fields.get("pid", "").isdigit():
+        return False
+    try:
+        os.kill(int(fields["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
     return False
