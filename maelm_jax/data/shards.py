@@ -42,7 +42,7 @@ from maelm_jax.run_config import ConfigError, DataConfig
 MANIFEST_FILENAME = "manifest.json"
 FORMAT = 1
 SPLIT_KINDS = ("train", "eval")
-_HASH_CHUNK = 8 << 20
+_HASH_CHUNK = 1 << 20
 
 
 class ShardError(ConfigError):
@@ -59,10 +59,17 @@ def shard_name(split_kind: str, index: int, num_shards: int) -> str:
 
 
 def sha256_of(path: epath.Path) -> str:
+    """Read through one fixed buffer where the file allows it: hashing a share of any size
+    holds 1 MiB."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
+        if not hasattr(f, "readinto"):  # a remote file object
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+            return digest.hexdigest()
+        buffer = memoryview(bytearray(_HASH_CHUNK))
+        while n := f.readinto(buffer):
+            digest.update(buffer[:n])
     return digest.hexdigest()
 
 

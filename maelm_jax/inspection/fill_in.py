@@ -41,6 +41,8 @@ def _piece(tokenizer: Tokenizer, token_id: int) -> str:
     """A piece as it reads in running text: "▁the" -> " the", `</s>` -> " ¶"."""
     if token_id == EOS_ID:
         return " ¶"
+    if token_id >= tokenizer.vocab_size:  # a padding row of the embedding (an early guess)
+        return f" <unused {int(token_id)}>"
     return tokenizer.id_to_piece(int(token_id)).replace("\u2581", " ")
 
 
