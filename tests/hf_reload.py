@@ -3,7 +3,8 @@
 Loads each export with transformers alone (no JAX, no maelm_jax; HF_HUB_OFFLINE=1 set by
 the caller) and writes what the tests compare against the JAX side: hidden states (and MLM
 logits) on a given padded batch, the tokenizer's ids of sample texts, the fill-mask
-pipeline's answer, and the losses of a short sequence-classification fine-tune.
+pipeline's answer, the losses of a short sequence-classification fine-tune, and a
+sentence-transformers embedding of the first text.
 """
 
 import json
@@ -89,6 +90,14 @@ def main(spec_path: str, out_dir: str) -> None:
             np.save(os.path.join(out_dir, f"{kind}_logits.npy"), out.logits.numpy())
             fill = pipeline("fill-mask", model=path, tokenizer=path, top_k=3)
             entry["fill_mask"] = fill(spec["fill_mask_text"])
+        if kind in spec.get("sentence_transformers", []):
+            from sentence_transformers import SentenceTransformer
+
+            encoder = SentenceTransformer(path, device="cpu")  # mean pooling by default
+            text = spec["texts"][0]
+            # its own tokenization: cut to the model's max_seq_length
+            entry["sentence_ids"] = encoder.tokenize([text])["input_ids"][0].tolist()
+            entry["sentence_embedding"] = encoder.encode([text])[0].tolist()
         if kind in spec["fine_tune"]:
             entry["fine_tune_losses"] = fine_tune(path, remote)
         result[kind] = entry

@@ -77,6 +77,7 @@ def test_a_fresh_process_loads_them_without_remote_code(modern_exports, tmp_path
         "texts": ["The quiet river stood near the old garden."],
         "fill_mask_text": "The old <mask> stood.",
         "fine_tune": [],
+        "sentence_transformers": ["mae_lm"],
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path))
@@ -96,6 +97,12 @@ def test_a_fresh_process_loads_them_without_remote_code(modern_exports, tmp_path
     jax_logits = export.jax_outputs(mlm, ids, with_lm_head=True)[1]
     torch_logits = np.load(tmp_path / "mlm_logits.npy")
     assert np.abs(jax_logits - torch_logits)[valid].max() <= export.TOLERANCE
+    # sentence-transformers loads the encoder export and mean-pools the JAX encoder's output
+    ids = np.asarray([result["mae_lm"]["sentence_ids"]], np.int32)
+    hidden = export.jax_outputs(modern_exports["mae_lm"][1], ids, with_lm_head=False)[0]
+    np.testing.assert_allclose(
+        result["mae_lm"]["sentence_embedding"], hidden[0].mean(0), atol=export.TOLERANCE
+    )
     fill = result["mlm"]["fill_mask"]
     assert len(fill) == 3 and all("<mask>" not in f["sequence"] for f in fill)
     assert fill[0]["score"] >= fill[-1]["score"] > 0
