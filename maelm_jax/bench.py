@@ -3,22 +3,32 @@
     python -m maelm_jax.bench speed --configs=mlm_base,three_ml_self_base --seq_len=128 \
         --batch_size=8 [--rounds=8 --steps=5] [--dtype=float32] [--json]
     python -m maelm_jax.bench checkpoint --configs=mae_lm_base
+    python -m maelm_jax.bench input [--sizes_mb=4,40] [--configs=mae_lm_large] [--json]
 
 `speed`: the real sharded train step against this machine's matmul rate
 (`maelm_jax/training/step_speed.py`); `checkpoint`: a save and a restore of a state the
-size of the config's (`maelm_jax/checkpoints/save_speed.py`). FLOPs per step by method and
-region: `python -m maelm_jax.flops`.
+size of the config's (`maelm_jax/checkpoints/save_speed.py`); `input`: the data side on
+synthetic corpora of `--sizes_mb` (`maelm_jax/data/input_speed.py`), next to the tokens/s a
+v5p host's step of the first of `--configs` (default there: mae_lm_large) consumes at the
+chips' peak. FLOPs per step by method and region: `python -m maelm_jax.flops`.
 """
 
 import importlib
 import json
+import os
 import pathlib
+import sys
+import tempfile
 
 import jax
 from absl import app, flags
 
 from maelm_jax import cli, configuration
 from maelm_jax.checkpoints import save_speed
+from maelm_jax.data import input_speed, preparation, prepared
+from maelm_jax.data.tokenizer import Tokenizer
+from maelm_jax.hardware import tpu_chips
+from maelm_jax.model import flop_count
 from maelm_jax.run_config import RunConfig
 from maelm_jax.training import metric_logging, step_speed
 
@@ -38,7 +48,11 @@ flags.DEFINE_enum(
     "`speed`: compute dtype; default: float32 on CPU (which emulates bf16 matmuls), else "
     "each config's own.",
 )
-flags.DEFINE_boolean("json", False, "`speed`: print one JSON object instead of the table.")
+flags.DEFINE_boolean("json", False, "`speed`, `input`: one JSON object instead of the table.")
+flags.DEFINE_list("sizes_mb", ["4", "40"], "`input`: synthetic corpus sizes, MB of text.")
+flags.DEFINE_integer("input_steps", 200, "`input`: batches drawn to time the pipeline.", 1)
+flags.DEFINE_string("input_dir", None, "`input`: where corpora go; default: a new temp dir.")
+flags.DEFINE_integer("hosts", 8, "`input`: hosts sharing the global batch (v5p-64: 8).", 1)
 flags.register_validator(
     "configs",
     lambda names: all((_CONFIGS_DIR / f"{name}.py").is_file() for name in names),
@@ -77,9 +91,71 @@ def run_checkpoint() -> None:
         print(save_speed.format_result(name, save_speed.measure(_config(name))))
 
 
+_V5P_CHIPS_PER_HOST = 4
+
+
+def _consumed(name: str) -> dict:
+    """Tokens/s one v5p host's chips consume for config `name` at 100% of peak: what the
+    pipeline must outrun whatever the MFU."""
+    run = _config(name)
+    per_token = flop_count.step_flops(run, flop_count.num_params(run)) / (
+        run.batch_size * run.seq_len
+    )
+    peak = _V5P_CHIPS_PER_HOST * tpu_chips.CHIPS["v5p"].peak_bf16_flops
+    tokens = run.batch_size * run.seq_len // FLAGS.hosts
+    return {"config": name, "host": "v5p", "mfu": 1.0, "tokens_per_sec": peak / per_token,
+            "tokens_per_host_batch": tokens}  # fmt: skip
+
+
+def _size_row(root: pathlib.Path, megabytes: float) -> tuple[dict, object]:
+    """Prepare and the two 2-step runs on one synthetic corpus; (row, its DataConfig)."""
+    glob = input_speed.write_synthetic_corpus(root / "corpus", megabytes)
+    config = importlib.import_module("configs.default").get_config()
+    config.dataset, config.data_dir = glob, str(root / "data")
+    data = configuration.freeze(config).data
+    workers = os.cpu_count() or 1
+    report = preparation.prepare(data, workers=workers)
+    command = [
+        sys.executable, "-m", "maelm_jax.main", "--config=configs/default.py",
+        f"--config.dataset={glob}", "--config.num_train_steps=2", "--config.warmup_steps=1",
+        "--config.eval_every_steps=2", "--config.checkpoint_every_steps=2",
+    ]  # fmt: skip
+    runs = {}
+    for name, data_dir in (("cached_run", root / "unprepared"), ("prepared_run", root / "data")):
+        flags_ = [f"--config.data_dir={data_dir}", f"--workdir={root / name}"]
+        runs[name] = input_speed.run_and_measure(command + flags_, _CONFIGS_DIR.parent)
+    mb = report["text_bytes"] / 1e6
+    row = {
+        "text_mb": mb,
+        "prepare": {
+            "seconds": report["pack_seconds"],
+            "workers": report["pack_workers"],
+            "mb_per_s_per_core": mb / report["pack_seconds"] / min(workers, os.cpu_count() or 1),
+        },
+        **runs,
+    }
+    return row, data
+
+
+def run_input() -> None:
+    root = pathlib.Path(FLAGS.input_dir or tempfile.mkdtemp(prefix="maelm_bench_input_"))
+    result = {"sizes": []}
+    for mb in FLAGS.sizes_mb:
+        row, data = _size_row(root / f"{mb}mb", float(mb))
+        result["sizes"].append(row)
+    consumed = _consumed(FLAGS.configs[0] if FLAGS["configs"].present else "mae_lm_large")
+    result["consumed"] = consumed
+    tokenizer = Tokenizer.from_path(prepared.tokenizer_path(data))
+    rows = max(1, consumed["tokens_per_host_batch"] // data.seq_len)
+    result["delivered"] = input_speed.delivered_tokens_per_s(
+        data, tokenizer, root / "delivered", rows, FLAGS.input_steps
+    )
+    print(json.dumps(result) if FLAGS.json else input_speed.format_result(result))
+
+
 def main(argv):
     metric_logging.quiet_library_logs()
-    commands = {"speed": run_speed, "checkpoint": run_checkpoint}
+    commands = {"speed": run_speed, "checkpoint": run_checkpoint, "input": run_input}
     if len(argv) != 2 or argv[1] not in commands:
         raise app.UsageError(
             f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags] "
