@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
 from maelm_jax import configuration, prepare_data
-from maelm_jax.data import preparation, prepared
+from maelm_jax.data import preparation, prepared, shards
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.packing import pack_documents
 from maelm_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
@@ -160,3 +161,34 @@ def test_each_host_reads_only_its_text_files(tmp_path):
     shares = [list(read_documents(config, "train", i, 4)) for i in range(4)]
     assert shares == [docs[i::4] for i in range(4)]
     assert math.fsum(len(s) for s in shares) == len(docs)
+
+
+def test_an_interrupted_prepare_resumes_with_any_worker_count_and_repairs_a_shard(corpus, tmp_path):
+    """Killed mid-way (a dead process's claim left, no manifest, some shards unfinished), a
+    rerun with 2 spawned workers takes over, rebuilds only the unfinished shards, and they
+    are byte-identical to the 1-worker build; a later corrupt shard is rebuilt alone."""
+    config = data_config(tiny_run_config(corpus, data_dir=str(tmp_path), vocab_size=VOCAB))
+    first = preparation.prepare(config, num_shards=4, workers=1)
+    directory = pathlib.Path(first["blocks_dir"])
+    manifest = shards.read_manifest(directory)
+    (directory / shards.MANIFEST_FILENAME).unlink()
+    unfinished = ["train-00003-of-00004.npy", "eval-00000-of-00004.npy"]
+    for name in unfinished:
+        (directory / f"{name}.json").unlink()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    claim = directory / prepared.CLAIMS_DIRNAME / f"{0:020d}-dead"
+    claim.write_text(f"host={socket.gethostname()} pid={dead.pid}\n")
+    kept = {p.name: p.stat().st_mtime_ns for p in directory.glob("*.npy")}
+
+    again = preparation.prepare(config, num_shards=4, workers=2)
+    assert again["built"] and again["pack_workers"] == 2 and not claim.exists()
+    assert shards.read_manifest(directory)["splits"] == manifest["splits"]  # same sha256s
+    now = {p.name: p.stat().st_mtime_ns for p in directory.glob("*.npy")}
+    assert sorted(n for n in kept if now[n] != kept[n]) == sorted(unfinished)
+
+    shard = directory / manifest["splits"]["train"][1]["file"]
+    shard.write_bytes(shard.read_bytes()[:-5])
+    repaired = preparation.prepare(config, num_shards=4, workers=1)
+    assert repaired["repaired"] == [shard.name] and repaired["built"]
+    assert shards.read_manifest(directory)["splits"] == manifest["splits"]
