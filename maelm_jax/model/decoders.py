@@ -74,14 +74,16 @@ class SelfDecoder(nn.Module):
             )
             x = layer_norm(cfg, "final_norm")(x)
             return gather_positions(x, masked_idx)
-        positions = jnp.broadcast_to(jnp.arange(segment_ids.shape[1]), segment_ids.shape)
+        # Every row sits at 0..L-1: one [1, L] lookup broadcast over the batch, not B of them
+        # (and a sum over the batch for its gradient instead of a scatter-add).
+        positions = jnp.arange(segment_ids.shape[1])[None]
         x = x + PositionEmbedding(cfg, name="position_embed")(positions)
         self.sow("intermediates", "decoder_input", x)
         x = layer_norm(cfg, "embed_norm")(x)
         x = nn.Dropout(cfg.decoder_dropout_rate, deterministic=deterministic)(x)
         bias = None
         if cfg.decoder_relative_attention:  # every row has the same positions: [1, N, L, L]
-            bias = RelativePositionBias(cfg, name="relative_bias")(positions[:1], positions[:1])
+            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
         bias = stack_bias_of(cfg, bias)
         x = apply_layers(
             EncoderBlock,
