@@ -129,6 +129,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Layer i attends globally iff i % n == 0 (ModernBERT: every third, from the first);
     # 1: every layer global. The decoders of MAE-LM and 3ML are global throughout.
     c.model.global_attention_every_n_layers = 3
+    # A local layer runs in blocks of this many queries, each against the block + 2 x
+    # (local_attention // 2) keys its window can reach (model/attention.py): at 8192 tokens
+    # and ModernBERT's window, 256 keys a query instead of 8192.
+    c.model.local_attention_block = 128
 
     # Optimizer: AdamW with linear warmup and linear decay to zero; weight decay skips biases
     # and LayerNorm (fairseq decays everything, see maelm_jax/training/optimizer.py).

@@ -126,4 +126,5 @@ RULES: dict[str, Rule] = {
     "model.rope_theta_local": positive_number(),
     "model.local_attention": at_least(2),
     "model.global_attention_every_n_layers": at_least(1),
+    "model.local_attention_block": at_least(1),
 }

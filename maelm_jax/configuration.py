@@ -199,6 +199,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             rope_theta_local=float(m.rope_theta_local),
             local_attention=m.local_attention,
             global_attention_every_n_layers=m.global_attention_every_n_layers,
+            local_attention_block=m.local_attention_block,
         ),
         masking=MaskingSettings(
             objective=config.objective,
@@ -293,6 +294,7 @@ _BEFORE_KEY_EXISTED = {
     "rope_theta_local": 10_000.0,
     "local_attention": 128,
     "global_attention_every_n_layers": 3,
+    "local_attention_block": 128,
 }
 
 

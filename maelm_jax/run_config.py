@@ -81,6 +81,7 @@ class ModelConfig:
     rope_theta_local: float = 10_000.0
     local_attention: int = 128  # a local query sees keys within local_attention // 2
     global_attention_every_n_layers: int = 3
+    local_attention_block: int = 128  # queries per block of a local layer (attention.py)
 
     @property
     def modern(self) -> bool:

@@ -245,6 +245,24 @@ def test_step_time_from_shallow_programs_is_the_deep_unrolled_programs():
 
 
 @needs_libtpu
+def test_step_time_of_alternating_global_and_local_layers_is_the_deep_programs():
+    """The modern encoder's layers (global, local, local, global, local) cost differently
+    once the local ones run blocked (at this tiny size the blocks' overhead makes a local
+    layer the dearer): one more shallow program prices a global layer."""
+    modern = dict(backbone="modern", local_attention=4, local_attention_block=4)
+    run = configuration.freeze(tiny_config(num_layers=5, num_decoder_layers=2, **modern))
+    devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
+    estimated = step_time.estimate(run, devices)
+    whole, _, _, _ = compile_step.compile_step(
+        compile_step.counting_config(run), devices, step_time.OPTIONS
+    )
+    direct = compile_step.estimated_seconds(compile_step.costs(whole))
+    assert estimated.global_layer_seconds > 0 and estimated.encoder_layer_seconds > 0
+    assert estimated.global_layer_seconds != pytest.approx(estimated.encoder_layer_seconds)
+    assert estimated.seconds == pytest.approx(direct, rel=0.02)
+
+
+@needs_libtpu
 def test_the_step_compiles_for_tpu_with_splash_where_no_bias_or_dropout_needs_xla():
     """attention_impl "auto" on v5p devices: the decoder (no bias, no dropout) runs splash,
     a Mosaic kernel in the compiled step; "xla" leaves none."""

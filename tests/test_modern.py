@@ -67,14 +67,16 @@ def dense_reference(q, k, v, q_pos, k_pos, q_seg, k_seg, half):
     return np.einsum("bnts,bsnh->btnh", probs, v)
 
 
-@pytest.mark.parametrize("query_chunk", [0, 8])
-def test_the_local_window_in_position_space_matches_a_dense_reference(query_chunk):
+@pytest.mark.parametrize("query_chunk,block", [(0, 128), (8, 128), (0, 4)])
+def test_the_local_window_in_position_space_matches_a_dense_reference(query_chunk, block):
+    """Dense with the window as a mask (in query chunks or not), and blocked: 4 queries
+    against the 10 keys their window can reach."""
     rng = np.random.default_rng(2)
     b, t, n, h, half = 2, 20, 2, 8, 3
     q, k, v = (rng.normal(size=(b, t, n, h)).astype(np.float32) for _ in range(3))
     positions = random_positions(rng, b, t, 48)  # kept tokens with gaps between them
     segments = np.where(np.arange(t) < 13, 1, 2)[None].repeat(b, 0).astype(np.int32)
-    window = Window(jnp.asarray(positions), jnp.asarray(positions), False, half)
+    window = Window(jnp.asarray(positions), jnp.asarray(positions), False, half, block)
     out = attend(
         *map(jnp.asarray, (q, k, v, segments, segments)),
         None,
@@ -83,6 +85,16 @@ def test_the_local_window_in_position_space_matches_a_dense_reference(query_chun
     )
     expected = dense_reference(q, k, v, positions, positions, segments, segments, half)
     np.testing.assert_allclose(out, expected, atol=1e-5)
+    # being global as data (a scanned stack): the same through the cond
+    traced = jax.jit(
+        lambda g: attend(
+            *map(jnp.asarray, (q, k, v, segments, segments)),
+            None,
+            query_chunk=query_chunk,
+            window=window.replace(is_global=g),
+        )
+    )
+    np.testing.assert_allclose(traced(False), expected, atol=1e-5)
     # a global layer lifts the window
     lifted = attend(
         *map(jnp.asarray, (q, k, v, segments, segments)),
@@ -93,12 +105,14 @@ def test_the_local_window_in_position_space_matches_a_dense_reference(query_chun
     np.testing.assert_allclose(lifted, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("scan_layers", [True, False])
-def test_the_gathered_encoder_computes_what_the_full_sequence_computes(scan_layers):
+@pytest.mark.parametrize("scan_layers,block", [(True, 128), (False, 128), (True, 4), (False, 4)])
+def test_the_gathered_encoder_computes_what_the_full_sequence_computes(scan_layers, block):
     """Encoding only the kept tokens at their original positions equals encoding the whole
     row with the masked tokens hidden from them (their own segment): rotations and local
-    windows (layers 1 and 2 here) are the full sequence's."""
-    model, params, batch = build("mae_lm", "self", scan_layers=scan_layers, **MODERN)
+    windows (layers 1 and 2 here) are the full sequence's. With blocks of 4 the local
+    layers run blocked (4 queries against 12 keys of 24 kept, 32 in the row)."""
+    chunked = dict(MODERN, local_attention_block=block)
+    model, params, batch = build("mae_lm", "self", scan_layers=scan_layers, **chunked)
     visible = batch.visible_idx
     encode = lambda *a: model.apply({"params": params}, *a, method=MaskedLM.encode)
     gathered = encode(
@@ -117,7 +131,7 @@ def test_the_gathered_encoder_computes_what_the_full_sequence_computes(scan_laye
         "mae_lm",
         "self",
         scan_layers=scan_layers,
-        **{**MODERN, "global_attention_every_n_layers": 1},
+        **{**chunked, "global_attention_every_n_layers": 1},
     )
     all_global = model_global.apply(
         {"params": params},

@@ -130,11 +130,17 @@ def format_report(r: Report) -> str:
         ]
     if r.step_time:
         t = r.step_time
+        per_layer = f"{t.encoder_layer_seconds * 1e3:.2f} ms per encoder layer"
+        if t.global_layer_seconds is not None:
+            per_layer = (
+                f"{t.global_layer_seconds * 1e3:.2f} ms per global and "
+                f"{t.encoder_layer_seconds * 1e3:.2f} ms per local encoder layer"
+            )
         lines.append(
             f"step time ~ {t.seconds:.3g} s, ~ {r.estimated_tokens_per_sec:,.0f} tokens/s, "
             f"MFU ~ {r.estimated_mfu:.1%}: XLA's TPU cost model (optimal_seconds), an estimate, "
             f"not a measurement (one-layer program {t.one_layer_seconds * 1e3:.1f} ms + "
-            f"{t.encoder_layer_seconds * 1e3:.2f} ms per encoder layer + "
+            f"{per_layer} + "
             f"{t.decoder_layer_seconds * 1e3:.2f} ms per decoder layer, unrolled; "
             f"{t.compile_seconds:.0f} s of compiles beside the step's)"
         )

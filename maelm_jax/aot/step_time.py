@@ -44,9 +44,12 @@ OPTIONS = FAST | NO_WINDOWED_EINSUM  # windowed einsums are loops too
 class StepTime:
     seconds: float  # one optimizer step, on every chip at once
     one_layer_seconds: float  # the program with one encoder (and one decoder) layer
-    encoder_layer_seconds: float
+    encoder_layer_seconds: float  # the second encoder layer's: a local one where they alternate
     decoder_layer_seconds: float
     compile_seconds: float
+    # The modern backbone's global encoder layers, where they alternate with local ones
+    # (layer 0 is global, in the one-layer program); None where every layer is alike.
+    global_layer_seconds: float | None = None
 
 
 def shallow(run: RunConfig, encoder_layers: int, decoder_layers: int) -> RunConfig:
@@ -77,22 +80,42 @@ def _program_seconds(run: RunConfig, devices: list, encoder_layers: int, decoder
     return value
 
 
+def _global_every(run: RunConfig) -> int:
+    """n where the encoder alternates one global and n - 1 local layers (modern backbone),
+    else 0; local layers run in blocks and cost less than global ones."""
+    m = run.model
+    n = m.global_attention_every_n_layers
+    return n if m.modern and n > 1 and m.num_layers > 1 else 0
+
+
 def estimate(run: RunConfig, devices: list) -> StepTime:
     """The step's estimated time on `devices` (TPU compile-only devices); `Unavailable` where
     the compiler has no cost model of time, a shallow program does not fit, or the model
-    has no estimate for part of a program (it then reports a negative time)."""
+    has no estimate for part of a program (it then reports a negative time).
+
+    Where the encoder alternates layer kinds (modern backbone, one global then n - 1 local),
+    the second layer is a local one, and one more program of 1 + n layers adds a global
+    layer: global = T(1 + n) - T(1) - (n - 1) local."""
     if devices[0].platform != "tpu":
         raise Unavailable(f"XLA's {devices[0].platform} compiler has no cost model of time")
     start = time.perf_counter()
+    every = _global_every(run)
     shapes = [(1, 1), (2, 1)] + ([(1, 2)] if run.model.num_decoder_layers else [])
+    shapes += [(1 + every, 1)] if every else []
     # The TPU backend compiles a program on one core: side by side, the programs take the
     # wall time of one where there are cores for all (a TPU VM host), and no more than in
     # turn where there are not.
     with concurrent.futures.ThreadPoolExecutor(len(shapes)) as pool:
         seconds = list(pool.map(lambda shape: _program_seconds(run, devices, *shape), shapes))
-    base, encoder = seconds[0], seconds[1] - seconds[0]
-    decoder = seconds[2] - seconds[0] if len(seconds) == 3 else 0.0
+    by_shape = dict(zip(shapes, seconds, strict=True))
+    base, encoder = by_shape[(1, 1)], by_shape[(2, 1)] - by_shape[(1, 1)]
+    decoder = by_shape[(1, 2)] - base if (1, 2) in by_shape else 0.0
+    global_layer = None
     layers = (run.model.num_layers - 1) * encoder
+    if every:
+        global_layer = by_shape[(1 + every, 1)] - base - (every - 1) * encoder
+        num_global = -(-run.model.num_layers // every)  # layers 0, n, 2n, ...
+        layers = (num_global - 1) * global_layer + (run.model.num_layers - num_global) * encoder
     layers += max(run.model.num_decoder_layers - 1, 0) * decoder
     return StepTime(
         seconds=(base + layers) * run.loop.grad_accum_steps,
@@ -100,4 +123,5 @@ def estimate(run: RunConfig, devices: list) -> StepTime:
         encoder_layer_seconds=encoder,
         decoder_layer_seconds=decoder,
         compile_seconds=time.perf_counter() - start,
+        global_layer_seconds=global_layer,
     )

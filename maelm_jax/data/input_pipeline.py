@@ -95,6 +95,13 @@ def create_datasets(
     found = shards.find(config, tokenizer.fingerprint, process_count)
     if found is not None:
         train, train_tokens, evals = _prepared_blocks(found, config, process_index, process_count)
+        if len(evals) < rows and process_index == 0:
+            logging.warning(
+                "The prepared eval split gives process 0 %d blocks for %d eval rows; the rest "
+                "are padding (no weight)",
+                len(evals),
+                rows,
+            )
         evals = np.asarray(evals[np.arange(min(rows, len(evals)))], np.int32)
     else:
         train, evals = _cached_blocks(config, workdir, tokenizer, process_index, process_count)

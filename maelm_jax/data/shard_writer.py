@@ -34,7 +34,9 @@ from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID, T
 from maelm_jax.run_config import DataConfig
 
 _ENCODE_BATCH = 512
-MAX_EVAL_BLOCKS = 8192  # eval reads a few hundred batches at most: no need for all of it
+# Eval blocks kept in all: more than the base configs read (20 batches of 8192 rows), a
+# small part of a large corpus's held-out documents.
+MAX_EVAL_BLOCKS = 1 << 18
 
 
 def _token_lists(documents, tokenizer: Tokenizer, sizes: list[int]):

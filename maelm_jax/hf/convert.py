@@ -61,6 +61,7 @@ REPRESENTED_FIELDS = {
     "rope_theta_local",
     "local_attention",
     "global_attention_every_n_layers",
+    "local_attention_block",  # how the window is computed, not what it is
 }
 
 

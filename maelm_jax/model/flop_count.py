@@ -5,9 +5,9 @@ Counts matmuls only (2 FLOPs per multiply-add), for the global batch of one opti
 - every transformer layer on T query tokens that attend over S keys: the Q, K, V, O
   projections and the MLP, `2 T (4 E^2 + m E F)` with m = 2 matrices (GELU MLP) or 3
   (the modern backbone's GeGLU), plus the attention scores and the weighted values,
-  `4 T S E` (bidirectional: every query sees every key; the modern backbone's local
-  layers are counted as computed, over all S keys with the window as a mask: the XLA
-  path skips no block, model/positions/rotary.py);
+  `4 T S E` (bidirectional: every query sees every key). The modern backbone's local
+  layers attend in query blocks to the `block + local_attention` keys their window can
+  reach (model/attention.py), counted as computed: S is that span where it is shorter;
 - the encoder runs on the tokens it sees: all L for MLM, the L - k visible ones for MAE-LM
   and 3ML; the self-attention decoder (MAE-LM, 3ML-self) runs on all L slots; the
   cross-attention decoder (3ML-cross) runs its self-attention and MLP on the k masked slots
@@ -60,6 +60,8 @@ class Shape:
     mlp: int
     vocab: int
     mlp_matrices: int = 2  # 3 for the modern backbone's GeGLU
+    global_every: int = 1  # the modern encoder's layer i is global iff i % global_every == 0
+    local_span: int = 0  # keys a blocked local query block reads (0: no local layers)
 
     @classmethod
     def of(cls, run: RunConfig) -> "Shape":
@@ -76,6 +78,8 @@ class Shape:
             mlp=m.mlp_dim,
             vocab=m.vocab_size,
             mlp_matrices=3 if m.modern else 2,
+            global_every=m.global_attention_every_n_layers if m.modern else 1,
+            local_span=m.local_attention_block + 2 * (m.local_attention // 2) if m.modern else 0,
         )
 
     @property
@@ -102,7 +106,10 @@ def region_flops(run: RunConfig, num_params: int) -> dict[str, float]:
     optimizer (e.g. `masked_lm.count_params` of the initialised parameters)."""
     s = Shape.of(run)
     t = s.encoder_tokens
-    encoder = s.num_layers * layer_forward(s, t, t)
+    num_global = -(-s.num_layers // s.global_every)
+    local_keys = min(t, s.local_span) if s.local_span and s.local_span < t else t
+    encoder = num_global * layer_forward(s, t, t)
+    encoder += (s.num_layers - num_global) * layer_forward(s, t, local_keys)
     if s.num_decoder_layers == 0:
         decoder = 0.0
     elif s.decoder == "self":

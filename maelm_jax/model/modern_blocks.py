@@ -76,7 +76,9 @@ class ModernBlock(nn.Module):
         if self.alternate:
             is_global = is_global_layer(layer_index, cfg.global_attention_every_n_layers)
         rotation = rotations.for_layer(is_global)
-        window = Window(positions, positions, is_global, cfg.local_attention // 2)
+        window = Window(
+            positions, positions, is_global, cfg.local_attention // 2, cfg.local_attention_block
+        )
         h = layer_norm(cfg, "attention_norm")(x)
         if self.first_unnormed:
             h = _select_first(layer_index, x, h)

@@ -82,6 +82,8 @@ class Window:
     key_positions: jax.Array  # [B|1, S] int
     is_global: jax.Array | bool
     half: int = flax.struct.field(pytree_node=False, default=64)
+    # queries per block of the blocked local path (attention._attend_local)
+    block: int = flax.struct.field(pytree_node=False, default=128)
 
     def mask(self) -> jax.Array:
         """[B|1, 1, T, S] bool: True where the key is inside the window (or the layer is
