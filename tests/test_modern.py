@@ -209,3 +209,35 @@ def test_the_roberta_backbone_is_unchanged(objective, decoder):
     expected_loss, expected_norm = ROBERTA_BEFORE[(objective, decoder)]
     np.testing.assert_allclose(float(loss), expected_loss, rtol=1e-6)
     np.testing.assert_allclose(norm, expected_norm, rtol=1e-5)
+
+
+def test_splash_serves_the_global_layers_with_the_xla_models_loss_and_gradients():
+    """attention_impl="splash" (interpreted on CPU) on the modern backbone: the global layers
+    and the decoder take the kernel, the scanned encoder through the cond, the local layers
+    stay on XLA; loss and gradients are the all-XLA model's."""
+    model, params, batch = build("mae_lm", "self", **MODERN)
+    cfg = frozen(tiny_config("mae_lm", "self", SEQ, attention_impl="splash", **MODERN))[0]
+    splash = MaskedLM(cfg.for_platform("cpu"), PAD_ID)
+    rng = jax.random.PRNGKey(3)
+    step = lambda m: jax.jit(grad_fn(m, deterministic=True))
+    (want, _), grads_want = step(model)(params, batch, rng)
+    (got, _), grads = step(splash)(params, batch, rng)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert_trees_close(grads, grads_want, atol=1e-5, rtol=1e-4)
+    hlo = jax.jit(grad_fn(splash, deterministic=True)).lower(params, batch, rng).as_text()
+    assert "splash" in hlo.lower() or "pallas" in hlo.lower()
+
+
+def test_remat_gives_the_same_gradients_on_the_modern_backbone():
+    """The large configs' policies (dots_saveable encoder, full decoder) with the layer index
+    a scanned input (and a static argument of an unrolled remat block)."""
+    for scan in (True, False):
+        model, params, batch = build("mae_lm", "self", **MODERN, scan_layers=scan)
+        rng = jax.random.PRNGKey(3)
+        (want, _), grads_want = jax.jit(grad_fn(model, True))(params, batch, rng)
+        policies = dict(remat_policy="dots_saveable", decoder_remat_policy="full")
+        config = tiny_config("mae_lm", "self", SEQ, **MODERN, scan_layers=scan, **policies)
+        remat = MaskedLM(frozen(config)[0], pad_id=PAD_ID)
+        (got, _), grads = jax.jit(grad_fn(remat, True))(params, batch, rng)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert_trees_close(grads, grads_want, atol=1e-6, rtol=1e-4)
