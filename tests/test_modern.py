@@ -241,3 +241,14 @@ def test_remat_gives_the_same_gradients_on_the_modern_backbone():
         (got, _), grads = jax.jit(grad_fn(remat, True))(params, batch, rng)
         np.testing.assert_allclose(got, want, rtol=1e-6)
         assert_trees_close(grads, grads_want, atol=1e-6, rtol=1e-4)
+
+
+def test_the_rank_analysis_captures_every_modern_layer():
+    """`maelm_jax.analysis` reads each block's output: the modern blocks are captured too
+    (the embedding norm, then one [B, T, E] per layer, each different)."""
+    from maelm_jax.inspection.representation_rank import layer_outputs_fn
+
+    model, params, batch = build("mae_lm", "self", **MODERN, scan_layers=False)
+    outs = np.asarray(layer_outputs_fn(model, 3)(params, batch.input_ids))
+    assert outs.shape == (4, *batch.input_ids.shape, 32)
+    assert all(np.abs(outs[i + 1] - outs[i]).max() > 1e-3 for i in range(3))

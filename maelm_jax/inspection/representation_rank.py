@@ -23,6 +23,7 @@ from maelm_jax.data.documents import prepare_dataset, read_documents
 from maelm_jax.data.packing import pack_documents
 from maelm_jax.inspection import rank, trained_model
 from maelm_jax.model.masked_lm import MaskedLM
+from maelm_jax.model.modern_blocks import ModernBlock
 from maelm_jax.model.transformer import EncoderBlock
 from maelm_jax.run_config import ConfigError
 
@@ -50,7 +51,7 @@ def layer_outputs_fn(model: nn.Module, num_layers: int):
 
     def is_layer(module, method_name):
         return method_name == "__call__" and (
-            isinstance(module, EncoderBlock) or module.name == "embed_norm"
+            isinstance(module, (EncoderBlock, ModernBlock)) or module.name == "embed_norm"
         )
 
     def run(params, ids):
