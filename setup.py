@@ -40,6 +40,9 @@ setup(
             "tokenizers>=0.22",
             "sentence-transformers>=6.0,<7",
         ],
+        # `prepare_data --beam_options=...`: TFDS's Beam builders (wikipedia, c4), locally
+        # (DirectRunner) or on Dataflow (install apache-beam[gcp]).
+        "beam": ["apache-beam>=2.50"],
         # `python -m maelm_jax.analysis` draws rank.png.
         "analysis": ["matplotlib>=3.8"],
         # Fine-tuning an export with transformers' run_glue.py example.

@@ -1,5 +1,5 @@
 """`python -m maelm_jax.prepare_data --config=configs/<name>.py [--data_dir=gs://...]
-[--num_shards=16] [--workers=N] [--json]`.
+[--num_shards=16] [--workers=N] [--beam_options=runner=DirectRunner,...] [--json]`.
 
 Run once, on one machine, before a pod is launched: prepares the config's dataset, trains
 its SentencePiece model, tokenizes and packs the corpus into `--num_shards` shards of
@@ -50,6 +50,12 @@ def define_flags() -> None:
         "num_shards", NUM_SHARDS, "Shards per split; each host reads num_shards / hosts.", 1
     )
     flags.DEFINE_integer("workers", None, "Packing processes; default: one per core.", 1)
+    flags.DEFINE_string(
+        "beam_options",
+        None,
+        "A TFDS Beam builder's pipeline options, as `tfds build --beam_pipeline_options` "
+        "takes them: runner=DirectRunner,direct_num_workers=8 or runner=DataflowRunner,...",
+    )
     flags.DEFINE_boolean("json", False, "Print one JSON object instead of the table.")
     flags.mark_flags_as_required(["config"])
 
@@ -60,7 +66,12 @@ def main(argv):
     config = FLAGS.config
     if FLAGS.data_dir:
         config.data_dir = paths.resolve(FLAGS.data_dir)
-    report = prepare(configuration.freeze(config).data, FLAGS.num_shards, FLAGS.workers)
+    report = prepare(
+        configuration.freeze(config).data,
+        FLAGS.num_shards,
+        FLAGS.workers,
+        beam_options=FLAGS.beam_options,
+    )
     print(json.dumps(report) if FLAGS.json else format_report(report))
 
 

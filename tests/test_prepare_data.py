@@ -11,6 +11,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from maelm_jax.data import preparation, prepared, shards
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.packing import pack_documents
 from maelm_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
+from maelm_jax.run_config import ConfigError
 from maelm_jax.training import metric_logging, train
 
 VOCAB = 400  # python_docs needs more than 344 pieces (bytes, specials, its characters)
@@ -192,3 +194,39 @@ def test_an_interrupted_prepare_resumes_with_any_worker_count_and_repairs_a_shar
     repaired = preparation.prepare(config, num_shards=4, workers=1)
     assert repaired["repaired"] == [shard.name] and repaired["built"]
     assert shards.read_manifest(directory)["splits"] == manifest["splits"]
+
+
+def test_a_tfds_beam_builder_gets_the_beam_options(monkeypatch, tmp_path):
+    """`--beam_options` reach the builder's download_and_prepare as Beam PipelineOptions
+    flags (a stand-in Beam module records them); without Beam installed, one clear error."""
+    seen = {}
+
+    class Builder:
+        data_dir_root = str(tmp_path)
+
+        def is_prepared(self):
+            return False
+
+        def download_and_prepare(self, download_config=None):
+            seen["config"] = download_config
+
+    class PipelineOptions:
+        def __init__(self, flags):
+            self.flags = flags
+
+    module = types.ModuleType("apache_beam.options.pipeline_options")
+    module.PipelineOptions = PipelineOptions
+    monkeypatch.setattr(preparation.tfds, "builder", lambda *a, **k: Builder())
+    config = data_config(tiny_run_config("wikipedia/20230601.en", data_dir=str(tmp_path)))
+    for name in ("apache_beam", "apache_beam.options"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    preparation.prepare_source(config, "runner=DirectRunner, direct_num_workers=2")
+    flags = seen["config"].beam_options.flags
+    assert flags == ["--runner=DirectRunner", "--direct_num_workers=2"]
+    preparation.prepare_source(config)
+    assert seen["config"] is None  # TFDS's own default
+
+    monkeypatch.setitem(sys.modules, module.__name__, None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"needs Apache Beam: pip install -e '\.\[beam\]'"):
+        preparation.prepare_source(config, "runner=DirectRunner")

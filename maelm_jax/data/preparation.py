@@ -23,13 +23,32 @@ from absl import logging
 from maelm_jax.data import default_corpus, prepared, shard_writer, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.documents import TEXT_PREFIX, read_documents
-from maelm_jax.run_config import DataConfig
+from maelm_jax.run_config import ConfigError, DataConfig
 
 NUM_SHARDS = 16  # divides the process count of pods up to 16 hosts; more hosts, more shards
 
 
-def prepare_source(config: DataConfig) -> None:
-    """Builds the TFDS dataset into data_dir if it is not there; text files need nothing."""
+def beam_download_config(beam_options: str | None):
+    """What TFDS's Apache Beam builders (wikipedia, c4) run their pipeline with, from
+    options written as `tfds build --beam_pipeline_options` takes them:
+    "runner=DirectRunner,direct_num_workers=8" on this machine, "runner=DataflowRunner,
+    project=P,region=R,temp_location=gs://..." on Dataflow. None: TFDS's default."""
+    if not beam_options:
+        return None
+    try:
+        from apache_beam.options.pipeline_options import PipelineOptions
+    except ImportError:
+        raise ConfigError(
+            f"--beam_options={beam_options!r} needs Apache Beam: pip install -e '.[beam]' "
+            "(apache-beam[gcp] for Dataflow)"
+        ) from None
+    flags = [f"--{option.strip()}" for option in beam_options.split(",") if option.strip()]
+    return tfds.download.DownloadConfig(beam_options=PipelineOptions(flags=flags))
+
+
+def prepare_source(config: DataConfig, beam_options: str | None = None) -> None:
+    """Builds the TFDS dataset into data_dir if it is not there (a Beam builder with
+    `beam_options`); text files need nothing."""
     if config.dataset.startswith(TEXT_PREFIX):
         return
     if config.dataset == default_corpus.NAME:
@@ -38,11 +57,11 @@ def prepare_source(config: DataConfig) -> None:
     builder = tfds.builder(config.dataset, data_dir=config.data_dir)
     if not builder.is_prepared():
         logging.info("Preparing %s into %s", config.dataset, builder.data_dir_root)
-        builder.download_and_prepare()
+        builder.download_and_prepare(download_config=beam_download_config(beam_options))
 
 
-def _build_tokenizer(config: DataConfig) -> None:
-    prepare_source(config)
+def _build_tokenizer(config: DataConfig, beam_options: str | None) -> None:
+    prepare_source(config, beam_options)
     docs = itertools.islice(read_documents(config, "train", 0, 1), config.tokenizer_train_documents)
     prepared.write_atomically(
         prepared.tokenizer_path(config), tokenizer_lib.train(docs, config.vocab_size)
@@ -54,12 +73,15 @@ def prepare(
     num_shards: int = NUM_SHARDS,
     workers: int | None = None,
     max_eval_blocks: int = shard_writer.MAX_EVAL_BLOCKS,
+    beam_options: str | None = None,
 ) -> dict:
     """Prepares `config`'s data once (see the module doc) with `workers` processes (None:
-    one per core); the statistics with where everything lives, the packing job's numbers and
-    whether this call built anything."""
+    one per core; `beam_options` for a TFDS Beam builder); the statistics with where
+    everything lives, the packing job's numbers and whether this call built anything."""
     start = time.perf_counter()
-    built = prepared.build_once(prepared.tokenizer_path(config), lambda: _build_tokenizer(config))
+    built = prepared.build_once(
+        prepared.tokenizer_path(config), lambda: _build_tokenizer(config, beam_options)
+    )
     model = prepared.tokenizer_path(config).read_bytes()
     blocks_dir = prepared.blocks_directory(config, num_shards)
     repaired = shard_writer.remove_bad(blocks_dir, config)
