@@ -1,8 +1,10 @@
 """A corpus prepared once: read by two methods without tokenizing, replayed exactly on
-resume, held in memory by the batch rather than by the corpus, and refused in one line when
-a shard is missing or corrupt."""
+resume, held in memory by the batch rather than by the corpus, refused in one line when a
+shard is missing or corrupt, and not switched to under a workdir that began on its own
+cache; `bench input`'s measurements."""
 
 import shutil
+import sys
 import tracemalloc
 
 import numpy as np
@@ -12,7 +14,7 @@ from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
 from maelm_jax import configuration
-from maelm_jax.data import preparation, prepared, shards
+from maelm_jax.data import input_speed, packing, preparation, prepared, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.input_pipeline import create_datasets
@@ -152,3 +154,32 @@ def test_a_missing_or_corrupt_shard_stops_the_run_in_one_line(ready, tmp_path):
         assert "Traceback" not in output, output[-3000:]
         assert not rh.good_steps(workdir)
         assert rh.checksums(tmp_path / how / "data") == before
+
+
+def test_a_workdir_that_began_on_its_own_cache_keeps_it(ready, tmp_path):
+    """A run started before prepare_data resumes on the blocks it began with, so its
+    batches replay; a new workdir maps the shards."""
+    data = configuration.freeze(ready["config"]).data
+    tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
+    cached = packing.packed_blocks(data, tmp_path / "old", tokenizer, "train", 0, 1)
+    resumed = create_datasets(data, tmp_path / "old", tokenizer, 0, 1)
+    np.testing.assert_array_equal(resumed.train.blocks, cached)
+    assert isinstance(create_datasets(data, tmp_path / "new", tokenizer, 0, 1).train.blocks,
+                      shards.ShardedBlocks)  # fmt: skip
+
+
+def test_bench_input_measures_the_child_alone(ready, tmp_path):
+    """The peak RSS is the child's own (this test process is far larger than a bare
+    Python), and the delivered rate counts the rows it was asked for."""
+    small = input_speed.run_and_measure([sys.executable, "-c", "pass"], tmp_path)
+    big = input_speed.run_and_measure(
+        [sys.executable, "-c", "import time; b = bytearray(300 << 20); time.sleep(0.3)"],
+        tmp_path,
+    )
+    assert small["returncode"] == big["returncode"] == 0
+    assert 0 < small["peak_rss_mb"] < 100 < 300 < big["peak_rss_mb"] < 400
+    data = configuration.freeze(ready["config"]).data
+    tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
+    rate = input_speed.delivered_tokens_per_s(data, tokenizer, tmp_path, rows=64, steps=5)
+    assert rate["tokens_per_sec"] > 0 and rate["rows"] == 64
+    assert rate["train_blocks"] == ready["report"]["blocks"]

@@ -14,7 +14,7 @@ import os
 import numpy as np
 from absl import logging
 
-from maelm_jax.data import shards
+from maelm_jax.data import packing, shards
 from maelm_jax.data.batches import TrainBatches, eval_batches
 from maelm_jax.data.documents import prepare_dataset
 from maelm_jax.data.packing import packed_blocks
@@ -82,8 +82,9 @@ def create_datasets(
     process_index: int,
     process_count: int,
 ) -> Datasets:
-    """This process's prepared shards if a matching prepared corpus exists; else it reads,
-    tokenizes, packs and caches its share, once per workdir (a resumed run loads the cache).
+    """This process's prepared shards if a matching prepared corpus exists (and the workdir
+    has not begun on its own cache); else it reads, tokenizes, packs and caches its share,
+    once per workdir (a resumed run loads the cache).
     Collective: every process calls it (it may prepare the dataset)."""
     batch_size = local_batch_size(config, process_count)
     if not config.eval_split and config.eval_batches > 0 and config.eval_holdout_fraction <= 0:
@@ -92,7 +93,9 @@ def create_datasets(
             "no eval documents; set a fraction in (0, 1), an eval_split, or eval_batches=0"
         )
     rows = config.eval_batches * batch_size
-    found = shards.find(config, tokenizer.fingerprint, process_count)
+    found = None
+    if not packing.is_cached(config, workdir, tokenizer, process_index, process_count):
+        found = shards.find(config, tokenizer.fingerprint, process_count)
     if found is not None:
         train, train_tokens, evals = _prepared_blocks(found, config, process_index, process_count)
         if len(evals) < rows and process_index == 0:

@@ -120,6 +120,43 @@ def _save_blocks(path: epath.Path, blocks: np.ndarray) -> None:
     tmp.replace(path)
 
 
+def _cache_key(
+    config: DataConfig,
+    tokenizer: Tokenizer,
+    split_kind: str,
+    process_index: int,
+    process_count: int,
+    max_blocks: int | None,
+) -> dict[str, Any]:
+    return {
+        "format": _CACHE_FORMAT,
+        "dataset": config.dataset,
+        "split_kind": split_kind,
+        "train_split": config.train_split,
+        "eval_split": config.eval_split,
+        "eval_holdout_fraction": config.eval_holdout_fraction,
+        "max_documents": config.max_documents,
+        "tokenizer": tokenizer.fingerprint,
+        "seq_len": config.seq_len,
+        "process_index": process_index,
+        "process_count": process_count,
+        "max_blocks": max_blocks,
+    }
+
+
+def is_cached(
+    config: DataConfig,
+    workdir: str | os.PathLike,
+    tokenizer: Tokenizer,
+    process_index: int,
+    process_count: int,
+) -> bool:
+    """Whether this workdir already trains on its own cached train blocks (a run that began
+    before a prepared corpus existed keeps them, so its resume replays the same batches)."""
+    key = _cache_key(config, tokenizer, "train", process_index, process_count, None)
+    return _cache_path(paths.path(workdir), key).exists()
+
+
 def packed_blocks(
     config: DataConfig,
     workdir: str | os.PathLike,
@@ -134,20 +171,7 @@ def packed_blocks(
     The cache is keyed by everything that changes the blocks except the source's content:
     a workdir trusts its corpus not to change under it.
     """
-    key = {
-        "format": _CACHE_FORMAT,
-        "dataset": config.dataset,
-        "split_kind": split_kind,
-        "train_split": config.train_split,
-        "eval_split": config.eval_split,
-        "eval_holdout_fraction": config.eval_holdout_fraction,
-        "max_documents": config.max_documents,
-        "tokenizer": tokenizer.fingerprint,
-        "seq_len": config.seq_len,
-        "process_index": process_index,
-        "process_count": process_count,
-        "max_blocks": max_blocks,
-    }
+    key = _cache_key(config, tokenizer, split_kind, process_index, process_count, max_blocks)
     path = _cache_path(paths.path(workdir), key)
     if path.exists():
         return _load_blocks(path)
