@@ -171,7 +171,9 @@ def test_a_workdir_that_began_on_its_own_cache_keeps_it(ready, tmp_path):
 def test_bench_input_measures_the_child_alone(ready, tmp_path):
     """The peak RSS is the child's own (this test process is far larger than a bare
     Python), and the delivered rate counts the rows it was asked for."""
-    small = input_speed.run_and_measure([sys.executable, "-c", "pass"], tmp_path)
+    small = input_speed.run_and_measure(
+        [sys.executable, "-c", "import time; time.sleep(0.3)"], tmp_path
+    )
     big = input_speed.run_and_measure(
         [sys.executable, "-c", "import time; b = bytearray(300 << 20); time.sleep(0.3)"],
         tmp_path,

@@ -88,8 +88,8 @@ def _high_water_mb(pid: int) -> float | None:
 
 
 def run_and_measure(argv: list[str], cwd: pathlib.Path, env: dict | None = None) -> dict:
-    """Runs `argv` to its end: wall seconds, its peak RSS in MB (polled every 50 ms) and
-    exit status."""
+    """Runs `argv` to its end: wall seconds, its peak RSS in MB (polled every 50 ms, so a
+    process that ends sooner reads 0) and exit status."""
     start = time.perf_counter()
     peak = 0.0
     with open(os.devnull, "w") as devnull, tempfile.TemporaryFile() as err:
