@@ -213,7 +213,7 @@ def test_compile_bad_flags_are_one_line(case):
 
 
 BENCH_CASES = {
-    "unknown_command": (["nope"], ["usage: python -m maelm_jax.bench {speed|checkpoint}"]),
+    "unknown_command": (["nope"], ["usage: python -m maelm_jax.bench {speed|checkpoint|input}"]),
     "unknown_config": (["flops", "--configs=nope"], ["--configs names a config that is not in"]),
     # --steps=0 and --seq_len=1 are refused by the same flag bounds.
     "negative_batch": (["speed", "--batch_size=-8"], ["--batch_size=-8", "not a positive integer"]),

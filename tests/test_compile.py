@@ -250,7 +250,7 @@ def test_step_time_of_alternating_global_and_local_layers_is_the_deep_programs()
     once the local ones run blocked (at this tiny size the blocks' overhead makes a local
     layer the dearer): one more shallow program prices a global layer."""
     modern = dict(backbone="modern", local_attention=4, local_attention_block=4)
-    run = configuration.freeze(tiny_config(num_layers=5, num_decoder_layers=2, **modern))
+    run = configuration.freeze(tiny_config("mlm", num_layers=5, **modern))
     devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
     estimated = step_time.estimate(run, devices)
     whole, _, _, _ = compile_step.compile_step(
