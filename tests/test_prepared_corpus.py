@@ -112,8 +112,12 @@ def test_memory_does_not_grow_with_a_ten_times_larger_corpus(tmp_path):
         _peak_bytes(configuration.freeze(r["config"]).data, tmp_path / str(i)) / block_bytes
         for i, r in enumerate(runs)
     ]
-    # A copy of the share would add blocks[1] - blocks[0]; hashing holds one 1 MiB buffer.
-    assert held[1] - held[0] < 0.05 * (blocks[1] - blocks[0]), (held, blocks)
+    # A copy of the share would add blocks[1] - blocks[0] (half that in uint16); hashing
+    # holds one 1 MiB buffer, which a shard under 1 MiB may not fill (and a gfile-backed
+    # path, once tensorflow is imported, reads in 1 MiB chunks).
+    hash_buffer = shards._HASH_CHUNK / block_bytes
+    assert held[1] - held[0] < 0.05 * (blocks[1] - blocks[0]) + hash_buffer, (held, blocks)
+    assert hash_buffer < 0.5 * (blocks[1] - blocks[0])  # still catches a uint16 copy
 
 
 def _break(ready, tmp_path, how: str):
