@@ -228,16 +228,21 @@ def test_only_loops_that_reach_a_matmul_count_as_undercounting():
     assert compile_step.matmul_loops(HLO) == 1
 
 
-@needs_libtpu
-def test_step_time_from_shallow_programs_is_the_deep_unrolled_programs():
-    """Two and three layers' differences, extrapolated, against the whole unrolled step."""
-    run = configuration.freeze(tiny_config(num_layers=3, num_decoder_layers=3))
+def _estimated_and_deep(run):
+    """(step_time.estimate on v5p-8, the whole unrolled step's own estimate)."""
     devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
-    estimated = step_time.estimate(run, devices)
     whole, _, _, _ = compile_step.compile_step(
         compile_step.counting_config(run), devices, step_time.OPTIONS
     )
     direct = compile_step.estimated_seconds(compile_step.costs(whole))
+    return step_time.estimate(run, devices), direct
+
+
+@needs_libtpu
+def test_step_time_from_shallow_programs_is_the_deep_unrolled_programs():
+    """Two and three layers' differences, extrapolated, against the whole unrolled step."""
+    run = configuration.freeze(tiny_config(num_layers=3, num_decoder_layers=3))
+    estimated, direct = _estimated_and_deep(run)
     assert estimated.encoder_layer_seconds > 0 and estimated.decoder_layer_seconds > 0
     assert estimated.seconds == pytest.approx(direct, rel=0.02)
     with pytest.raises(step_time.Unavailable, match="cpu compiler has no cost model of time"):
@@ -251,12 +256,7 @@ def test_step_time_of_alternating_global_and_local_layers_is_the_deep_programs()
     layer the dearer): one more shallow program prices a global layer."""
     modern = dict(backbone="modern", local_attention=4, local_attention_block=4)
     run = configuration.freeze(tiny_config("mlm", num_layers=5, **modern))
-    devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
-    estimated = step_time.estimate(run, devices)
-    whole, _, _, _ = compile_step.compile_step(
-        compile_step.counting_config(run), devices, step_time.OPTIONS
-    )
-    direct = compile_step.estimated_seconds(compile_step.costs(whole))
+    estimated, direct = _estimated_and_deep(run)
     assert estimated.global_layer_seconds > 0 and estimated.encoder_layer_seconds > 0
     assert estimated.global_layer_seconds != pytest.approx(estimated.encoder_layer_seconds)
     assert estimated.seconds == pytest.approx(direct, rel=0.02)

@@ -587,9 +587,16 @@ def test_splash_attention_gives_the_xla_models_loss_and_gradients(decoder):
     """attention_impl="splash" (the Pallas kernel, interpreted on CPU) wherever there is no
     bias and no probability dropout; here the decoder, while the encoder keeps its relative
     bias on the XLA path. Same loss and gradients as the all-XLA model."""
-    bias = dict(relative_attention_buckets=8, decoder_relative_attention=False)
-    model, params, batch = build("mae_lm", decoder, **bias)
-    cfg = frozen(tiny_config("mae_lm", decoder, SEQ, attention_impl="splash", **bias))[0]
+    assert_splash_matches_xla(
+        decoder, relative_attention_buckets=8, decoder_relative_attention=False
+    )
+
+
+def assert_splash_matches_xla(decoder, **overrides):
+    """The MAE-LM model with attention_impl="splash" (interpreted) against the XLA one: the
+    same loss and gradients, and the kernel in the program."""
+    model, params, batch = build("mae_lm", decoder, **overrides)
+    cfg = frozen(tiny_config("mae_lm", decoder, SEQ, attention_impl="splash", **overrides))[0]
     splash = MaskedLM(cfg.for_platform("cpu"), PAD_ID)
     assert splash.config.kernel_interpret
     rng = jax.random.PRNGKey(3)

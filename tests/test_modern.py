@@ -7,7 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_model import SEQ, assert_trees_close, build, grad_fn, make_batch, stack_layers
+from test_model import (
+    SEQ,
+    assert_splash_matches_xla,
+    assert_trees_close,
+    build,
+    grad_fn,
+    make_batch,
+    stack_layers,
+)
 from tiny_configs import frozen, tiny_config
 
 from maelm_jax.data.tokenizer import PAD_ID
@@ -215,17 +223,7 @@ def test_splash_serves_the_global_layers_with_the_xla_models_loss_and_gradients(
     """attention_impl="splash" (interpreted on CPU) on the modern backbone: the global layers
     and the decoder take the kernel, the scanned encoder through the cond, the local layers
     stay on XLA; loss and gradients are the all-XLA model's."""
-    model, params, batch = build("mae_lm", "self", **MODERN)
-    cfg = frozen(tiny_config("mae_lm", "self", SEQ, attention_impl="splash", **MODERN))[0]
-    splash = MaskedLM(cfg.for_platform("cpu"), PAD_ID)
-    rng = jax.random.PRNGKey(3)
-    step = lambda m: jax.jit(grad_fn(m, deterministic=True))
-    (want, _), grads_want = step(model)(params, batch, rng)
-    (got, _), grads = step(splash)(params, batch, rng)
-    np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert_trees_close(grads, grads_want, atol=1e-5, rtol=1e-4)
-    hlo = jax.jit(grad_fn(splash, deterministic=True)).lower(params, batch, rng).as_text()
-    assert "splash" in hlo.lower() or "pallas" in hlo.lower()
+    assert_splash_matches_xla("self", **MODERN)
 
 
 def test_remat_gives_the_same_gradients_on_the_modern_backbone():
