@@ -231,12 +231,51 @@ def test_a_stacks_bias_made_once_gives_the_factored_values_and_gradients():
             made = stack_bias(factored, jnp.float32, chunk)
             rows = positions.shape[0]
             if chunk:  # 3 blocks of 3 queries, the last padded: no layer cuts it again
-                assert isinstance(made, QueryBlocks) and made.blocks.shape == (3, rows, 3, 3, 7)
+                assert isinstance(made, QueryBlocks)
+                assert made.blocks.values.shape == (3, rows, 3, 3, 7)
+                assert made.blocks.buckets.shape == (3, rows, 3, 7)
             else:
-                assert made.shape == (rows, 3, 7, 7)
+                assert made.values.shape == (rows, 3, 7, 7)
             per_layer, once = (
                 jax.value_and_grad(loss)(table, positions, chunk, o) for o in (False, True)
             )
             np.testing.assert_allclose(once[0], per_layer[0], rtol=1e-5, err_msg=name)
             np.testing.assert_allclose(once[1], per_layer[1], rtol=1e-4, atol=1e-5, err_msg=name)
             assert np.abs(once[1]).max() > 0
+
+
+def test_a_bf16_bias_is_the_rounded_table_rows_with_a_float32_table_gradient():
+    """In a bf16 model the bias is made in bf16 by the contraction itself (its layout is then
+    the scores', `_contract`), and each score's value is its bucket's table row rounded to
+    bf16, as a lookup gives. The table's gradient stays float32: the bf16 score gradients
+    summed exactly, once per stack use (`StackBias.layer`) or through `dense`."""
+    edges, zero = bucket_edges(16, 12, 16)
+    positions = jnp.array([[0, 2, 3, 5, 8, 9, 15], [1, 2, 4, 6, 7, 11, 12]])
+    table = jax.random.normal(jax.random.PRNGKey(1), (16, 3)) * 3.0
+    weights = jax.random.normal(jax.random.PRNGKey(2), (2, 3, 7, 7)).astype(jnp.bfloat16)
+    factored = RelativeBias(table, positions, positions, edges, zero)
+    buckets = np.asarray(factored.buckets())
+    rows = np.asarray(table.astype(jnp.bfloat16).astype(jnp.float32))[buckets]  # [B, T, S, N]
+    expected_bias = np.moveaxis(rows, -1, 1)
+    w = np.asarray(weights.astype(jnp.float32), np.float64)
+    expected_gradient = np.zeros((16, 3))
+    np.add.at(expected_gradient, buckets, np.moveaxis(w, 1, -1))
+
+    def through(make):
+        def loss(table):
+            bias = make(RelativeBias(table, positions, positions, edges, zero))
+            return jnp.sum((bias * weights).astype(jnp.float32))
+
+        return jax.grad(loss)(table)
+
+    made = factored.dense(jnp.bfloat16)
+    assert made.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(made.astype(jnp.float32)), expected_bias)
+    np.testing.assert_array_equal(factored.shared(jnp.bfloat16).layer(), made)
+    for make in (lambda b: b.dense(jnp.bfloat16), lambda b: b.shared(jnp.bfloat16).layer()):
+        gradient = through(make)
+        assert gradient.dtype == jnp.float32
+        np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-6, atol=1e-6)
+    # A bf16 gradient would be off by up to 2^-9 of its size; this one is not rounded.
+    rounded = np.asarray(jnp.asarray(expected_gradient).astype(jnp.bfloat16), np.float64)
+    assert np.abs(rounded - expected_gradient).max() > 1e-3

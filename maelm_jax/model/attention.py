@@ -16,14 +16,14 @@ backward pass: temporaries of [B, N, chunk, S] instead of [B, N, T, S], for a se
 over the scores. The MAE-LM encoder's relative bias is one more array of the scores' size
 per example (the kept tokens' distances differ). A layer stack makes it once
 (`stack_bias`: one contraction of the buckets' one-hot with the [buckets, N] table, already
-cut into the query blocks) and every layer adds it to its scores; the backward pass sums
-the layers' bias gradients in that one array and contracts it with the one-hot once. Built
-per layer instead, the contraction (K buckets against N heads, as many FLOPs as K/H of the
-scores' matmul and a poor fit for the MXU) cost XLA's TPU model ~0.6 ms of a 2 ms layer
-of MAE-LM base (README, "Three clocks"). Contiguous positions (MLM, the self-attention
-decoder) share one [1, N, T, S] bias across the batch. The cost of holding it (a bf16
-[B, N, T, S] and its gradient) is ~3% of MAE-LM large's largest batch;
-`model.relative_bias_once=False` keeps the factored form per query block instead.
+cut into the query blocks) and every layer adds it to its scores, inside the fusion that
+makes them; each layer's backward pass contracts its score gradient with the one-hot into
+the table's gradient (`StackBias`). Built per layer instead, the bias contraction (K
+buckets against N heads, as many FLOPs as K/H of the scores' matmul and a poor fit for the
+MXU) cost XLA's TPU model ~0.6 ms of a 2 ms layer of MAE-LM base (README, "Three clocks").
+Contiguous positions (MLM, the self-attention decoder) share one [1, N, T, S] bias across
+the batch. The cost of holding it (a bf16 [B, N, T, S]) is ~3% of MAE-LM large's largest
+batch; `model.relative_bias_once=False` keeps the factored form per query block instead.
 
 `model.attention_impl` puts attentions without a bias or probability dropout through a
 fused kernel (splash on TPU, cuDNN on GPU: `AttentionOptions`); the rest stay on the XLA
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.model import logical_axes as ax
-from maelm_jax.model.positions.relative_bias import RelativeBias
+from maelm_jax.model.positions.relative_bias import RelativeBias, StackBias
 from maelm_jax.model.positions.rotary import Window, rotate
 from maelm_jax.model.remat import saved
 from maelm_jax.run_config import ModelConfig
@@ -123,9 +123,13 @@ def segment_mask(query_segments, key_segments):
 
 @flax.struct.dataclass
 class QueryBlocks:
-    """A dense bias already cut into `attend`'s query blocks: [n, B|1, N, size, S]."""
+    """A stack's bias already cut into `attend`'s query blocks: values [n, B|1, N, size, S],
+    buckets [n, B|1, size, S], and the one table."""
 
-    blocks: jax.Array
+    blocks: StackBias
+
+    def block(self, values, buckets) -> StackBias:
+        return StackBias(values, buckets, self.blocks.table)
 
 
 def query_blocks(t: int, query_chunk: int) -> tuple[int, int]:
@@ -155,15 +159,22 @@ def stack_bias(bias: RelativeBias | None, dtype, query_chunk: int, once: bool = 
         return bias
     n, size = query_blocks(bias.query_positions.shape[1], query_chunk)
     if n == 1:
-        return bias.dense(dtype)
+        return bias.shared(dtype)
     rows = split_queries(bias.query_positions, n, size)  # [n, B|1, size]
-    dense = lambda p: dataclasses.replace(bias, query_positions=p).dense(dtype)
-    return QueryBlocks(jax.vmap(dense)(rows))
+
+    def parts(positions):
+        made = dataclasses.replace(bias, query_positions=positions).shared(dtype)
+        return made.values, made.buckets
+
+    values, buckets = jax.vmap(parts)(rows)
+    return QueryBlocks(StackBias(values, buckets, bias.table))
 
 
 def _dense(bias, dtype):
     if isinstance(bias, RelativeBias):
         return bias.dense(dtype)
+    if isinstance(bias, StackBias):
+        return bias.layer().astype(dtype)
     return None if bias is None else bias.astype(dtype)
 
 
@@ -225,8 +236,9 @@ def attend(
             return _attend_local(*args, window, block, options)
     t = q.shape[1]
     n, size = query_blocks(t, 0 if options.fused(bias, dropout_rng) else query_chunk)
-    if isinstance(bias, QueryBlocks) and bias.blocks.shape[0] != n:
-        raise ValueError(f"bias in {bias.blocks.shape[0]} query blocks for {n} blocks of queries")
+    if isinstance(bias, QueryBlocks) and bias.blocks.values.shape[0] != n:
+        given = bias.blocks.values.shape[0]
+        raise ValueError(f"bias in {given} query blocks for {n} blocks of queries")
     if n == 1:
         bias = _dense(bias, q.dtype)
         return _attend_block(
@@ -237,7 +249,7 @@ def attend(
         return split_queries(x, n, size, axis, fill)
 
     if isinstance(bias, QueryBlocks):
-        bias_blocks = bias.blocks
+        bias_blocks = (bias.blocks.values, bias.blocks.buckets)
     elif isinstance(bias, RelativeBias):
         bias_blocks = blocks(bias.query_positions)
     elif bias is not None:
@@ -252,7 +264,9 @@ def attend(
         index, q_block, segments, bias_block, positions = inputs
         if isinstance(bias, RelativeBias):
             block_bias = dataclasses.replace(bias, query_positions=bias_block).dense(q.dtype)
-        else:  # a dense bias or QueryBlocks
+        elif isinstance(bias, QueryBlocks):
+            block_bias = _dense(bias.block(*bias_block), q.dtype)
+        else:  # a dense bias
             block_bias = None if bias is None else bias_block.astype(q.dtype)
         rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
         block_window = None if window is None else window.replace(query_positions=positions)

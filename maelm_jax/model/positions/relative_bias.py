@@ -1,11 +1,12 @@
 """The relative position bias of MAE-LM's encoder: fairseq's bucketing of offsets, the
-learned [buckets, N] table, and the bias in factored form (`RelativeBias`) that a layer
-stack expands once (`attention.stack_bias`).
+learned [buckets, N] table, the bias in factored form (`RelativeBias`), and the form a
+layer stack expands once and every layer adds (`StackBias`, via `attention.stack_bias`).
 
 Positions are the tokens' original ones, so the MAE-LM encoder's visible subsequence keeps
 its true distances.
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -67,7 +68,7 @@ def offset_buckets(offsets, edges: tuple[int, ...], zero_bucket: int):
 class RelativeBias:
     """A relative position bias in factored form: the [buckets, N] table and the positions.
 
-    `dense` expands it to [B|1, N, T, S]; a layer stack does that once (`stack_bias`).
+    `dense` expands it to [B|1, N, T, S]; a layer stack expands it once (`shared`).
     """
 
     table: jax.Array  # [buckets, N] float32: each bucket's bias, per head
@@ -76,30 +77,127 @@ class RelativeBias:
     edges: tuple[int, ...] = flax.struct.field(pytree_node=False)  # `bucket_edges`
     zero_bucket: int = flax.struct.field(pytree_node=False)  # the bucket of offset 0
 
-    def dense(self, dtype=jnp.float32) -> jax.Array:
-        """[B|1, N, T, S] in `dtype`, computed in float32 so its gradient sums in float32.
-
-        Written for the TPU: each offset's bucket is a count of the bucket edges it reaches
-        (elementwise, fused), and the bias a contraction of that bucket's one-hot with the
-        table, so the forward pass is a matmul and the table's gradient another. A lookup
-        in the table is a gather per score and its gradient a scatter-add with colliding
-        indices, which a TPU serialises: XLA's cost model put the MAE-LM base step at 2.8x
-        MLM's time for 1.12x its FLOPs that way (README, "Three clocks").
-        """
+    def buckets(self) -> jax.Array:
+        """[B|1, T, S] int: each score's bucket, a count of the bucket edges its offset
+        reaches (elementwise; XLA fuses it into whatever reads it)."""
         offsets = self.key_positions[:, None, :] - self.query_positions[:, :, None]
-        buckets = offset_buckets(offsets, self.edges, self.zero_bucket)  # [B|1, T, S]
-        one_hot = buckets[..., None] == jnp.arange(self.table.shape[0])
-        # A selection, exact as a lookup is: in float32 at full precision (a TPU or GPU
-        # would otherwise round the table to bf16 or TF32); for a bf16 bias, rounding the
-        # table to bf16 gives the bias the lookup did, at the MXU's bf16 rate.
-        full = jnp.dtype(dtype) == jnp.float32
-        bias = jnp.einsum(
-            "btsk,kn->bnts",
-            one_hot.astype(jnp.float32),
-            self.table,
-            precision=jax.lax.Precision.HIGHEST if full else jax.lax.Precision.DEFAULT,
-        )
-        return bias.astype(dtype)
+        return offset_buckets(offsets, self.edges, self.zero_bucket)
+
+    def dense(self, dtype=jnp.float32) -> jax.Array:
+        """[B|1, N, T, S] in `dtype`; the table's gradient is float32 (`select_rows`)."""
+        return select_rows(self.buckets(), self.table, jnp.dtype(dtype))
+
+    def shared(self, dtype) -> "StackBias":
+        """The bias made once for every layer of a stack (`StackBias`)."""
+        buckets = self.buckets()
+        values = jax.lax.stop_gradient(_contract(buckets, self.table, jnp.dtype(dtype)))
+        return StackBias(values, buckets, self.table)
+
+
+@flax.struct.dataclass
+class StackBias:
+    """One bias that every layer of a stack adds, each layer contracting its own gradient.
+
+    The values are made once per step (`RelativeBias.shared`); `layer()` hands them to one
+    layer with a backward pass that turns that layer's score gradient into the table's
+    gradient at once (`table_gradient`). Summed over the layers first, as autodiff of a
+    shared array does, the score gradients were one more [B, N, T, S] array read and written
+    by every layer: 0.03 ms of mae_lm_base's encoder layer on v5p-8 (XLA's cost model),
+    against the 0.01 ms of FLOPs of contracting it there.
+    """
+
+    values: jax.Array  # [B|1, N, T, S] in the compute dtype
+    buckets: jax.Array  # [B|1, T, S] int
+    table: jax.Array  # [K, N] float32
+
+    def layer(self) -> jax.Array:
+        return _with_table_gradient(self.values, self.buckets, self.table)
+
+
+def _one_hot(buckets, num_buckets: int, dtype):
+    return (buckets[..., None] == jnp.arange(num_buckets)).astype(dtype)
+
+
+def _precision(dtype):
+    """Full precision in float32: a TPU or GPU would otherwise round a float32 operand to
+    bf16 or TF32, and a selection must be exact as a lookup is."""
+    full = jnp.dtype(dtype) == jnp.float32
+    return jax.lax.Precision.HIGHEST if full else jax.lax.Precision.DEFAULT
+
+
+def _contract(buckets, table, dtype):
+    """[B|1, T, S] buckets, [K, N] table -> [B|1, N, T, S] in `dtype`: each score's bucket row,
+    a contraction of the buckets' one-hot with the table.
+
+    Why a contraction: a lookup in the table is a gather per score, and its gradient a
+    scatter-add with colliding indices, which a TPU serialises; XLA's cost model put the
+    MAE-LM base step at 2.8x MLM's time for 1.12x its FLOPs that way (README, "Three
+    clocks"). Why in `dtype`, with the key axis ahead of the query axis: XLA's TPU layout
+    then matches the scores', and each layer adds the bias inside the fusion that makes
+    its scores. Made in float32 and cast, the bias was held in float32 in the one-hot
+    contraction's layout, and every layer transposed its scores to add it: 0.18 ms of
+    mae_lm_base's 1.73 ms encoder layer (v5p-8, batch 64 x 512).
+    """
+    one_hot = _one_hot(jnp.swapaxes(buckets, 1, 2), table.shape[0], dtype)  # [B|1, S, T, K]
+    return jnp.einsum(
+        "bstk,kn->bnts",
+        one_hot,
+        table.astype(dtype),
+        preferred_element_type=dtype,
+        precision=_precision(dtype),
+    )
+
+
+def table_gradient(cotangent, buckets, num_buckets: int):
+    """[B|1, N, T, S] score gradient -> the [K, N] table's, float32. The products are exact
+    (one factor is 0 or 1), so a bf16 gradient sums in float32 as XLA would sum it after a
+    cast, without the float32 copy."""
+    one_hot = _one_hot(buckets, num_buckets, cotangent.dtype)  # [B|1, T, S, K]
+    return jnp.einsum(
+        "bnts,btsk->kn",
+        cotangent,
+        one_hot,
+        preferred_element_type=jnp.float32,
+        precision=_precision(cotangent.dtype),
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def select_rows(buckets, table, dtype):
+    """`_contract`, with the table's gradient in float32 whatever `dtype` is."""
+    return _contract(buckets, table, dtype)
+
+
+def _select_rows_fwd(buckets, table, dtype):
+    return _contract(buckets, table, dtype), (buckets, table.shape[0])
+
+
+def _select_rows_bwd(dtype, residuals, cotangent):
+    del dtype
+    buckets, num_buckets = residuals
+    return None, table_gradient(cotangent, buckets, num_buckets)
+
+
+select_rows.defvjp(_select_rows_fwd, _select_rows_bwd)
+
+
+@jax.custom_vjp
+def _with_table_gradient(values, buckets, table):
+    """`values`, whose gradient is sent to `table` (`StackBias`)."""
+    del buckets, table
+    return values
+
+
+def _with_table_gradient_fwd(values, buckets, table):
+    return values, (buckets, table.shape[0])
+
+
+def _with_table_gradient_bwd(residuals, cotangent):
+    buckets, num_buckets = residuals
+    return None, None, table_gradient(cotangent, buckets, num_buckets)
+
+
+_with_table_gradient.defvjp(_with_table_gradient_fwd, _with_table_gradient_bwd)
 
 
 def bucket_distances(num_buckets: int, max_distance: int, max_positions: int):
