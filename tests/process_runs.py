@@ -35,6 +35,7 @@ def process_env(devices: int = DEVICES_PER_PROCESS) -> dict[str, str]:
         f"--xla_force_host_platform_device_count={devices}"
         # Tiny programs spend far longer in LLVM than running (as in conftest.py).
         " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+        " --xla_cpu_use_fusion_emitters=false"
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
