@@ -110,9 +110,10 @@ def get_config() -> ml_collections.ConfigDict:
     # t5x's and MaxText's default and cuts a third of an attention layer's time on a TPU.
     c.model.float32_attention_logits = False
     # True: each layer stack builds its relative bias once, a [batch, heads, T, S] bf16 array
-    # every layer adds (plus its gradient): MAE-LM large's estimated step 0.41 s against 0.51
-    # on v5p-64, for ~1.3 GiB per chip at batch 2048 and ~3% off its largest batch. False:
-    # each query block of each layer builds its own from the [buckets, heads] table.
+    # every layer adds: MAE-LM large's estimated step 0.41 s against 0.51 on v5p-64 (under
+    # the memory settings, before the bias was made in bf16), for ~1.3 GiB per chip at batch
+    # 2048 and ~3% off its largest batch. False: each query block of each layer builds its
+    # own from the [buckets, heads] table.
     c.model.relative_bias_once = True
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
@@ -184,24 +185,33 @@ def get_config() -> ml_collections.ConfigDict:
     return c
 
 
-def use_large_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """RoBERTa-large sizes: 24 layers, width 1024, 16 heads, MLP 4096; sizes only, each
-    large config sets its own paper's training recipe.
+def use_large_model(c: ml_collections.ConfigDict, grad_accum_steps: int = 1):
+    """RoBERTa-large sizes: 24 layers, width 1024, 16 heads, MLP 4096, each large config
+    setting its own paper's recipe and, in `grad_accum_steps`, how many micro-batches its
+    batch needs on v5p-64 (32 chips).
 
-    Rematerialisation keeps the encoder's matmul outputs and recomputes the rest (attention
-    probabilities above all), and keeps only each decoder layer's input: on v5p-64 at batch
-    2048 x 512 MAE-LM-large then fits in a fraction of a chip instead of more than the 96 GiB
-    there is (`python -m maelm_jax.compile`). Attention in
-    blocks of 128 queries and the LM head in blocks of 32 slots keep the [B, N, T, T] scores
-    and the [B, k, V] logits from ever existing whole, which is what limits the batch (README,
-    "Pod preflight").
+    Set for TPU time: nothing is recomputed in the backward pass and attention takes the whole
+    sequence at once, and the batch goes in micro-batches small enough for what the layers
+    then keep. XLA's estimate of one MAE-LM large encoder layer is 12.2 ms under
+    `dots_saveable` against 9.4 ms without (v5p-8, 64 rows per chip): recomputing the
+    attention of every layer was a quarter of the step. On v5p-64, mlm_large at 8192 in 8
+    micro-batches: 59.60 GiB per chip, estimated MFU 57.7% (49.1% with the settings below);
+    mae_lm_large at 2048 in 2: 65.45 GiB, 54.5% (39.8%) (README, "Three clocks").
+
+    For the most rows per chip instead (a smaller slice, or `compile --max_batch`), the
+    settings the large configs had before (README, "Memory headroom"):
+    `--config.model.remat_policy=dots_saveable --config.model.decoder_remat_policy=full
+    --config.model.attention_query_chunk=128 --config.grad_accum_steps=1`. The LM head runs
+    in blocks of 32 slots either way: its [B, k, vocab] float32 logits are the largest array
+    of 3ML's step.
     """
     c.model.num_layers = 24
     c.model.hidden_size = 1024
     c.model.num_heads = 16
     c.model.mlp_dim = 4096
-    c.model.remat_policy = "dots_saveable"
-    c.model.decoder_remat_policy = "full"
-    c.model.attention_query_chunk = 128
+    c.model.remat_policy = "none"
+    c.model.decoder_remat_policy = "none"
+    c.model.attention_query_chunk = 0
     c.model.lm_head_chunk = 32
+    c.grad_accum_steps = grad_accum_steps
     return c

@@ -11,7 +11,7 @@ from configs import base, mae_lm_base
 
 
 def get_config():
-    c = base.use_large_model(mae_lm_base.get_config())
+    c = base.use_large_model(mae_lm_base.get_config(), grad_accum_steps=2)
     c.model.relative_attention_buckets = 128
     c.model.relative_attention_max_distance = 256
     c.learning_rate = 1e-4

@@ -8,7 +8,7 @@ from configs import base, mlm_base
 
 
 def get_config():
-    c = base.use_large_model(mlm_base.get_config())
+    c = base.use_large_model(mlm_base.get_config(), grad_accum_steps=8)
     c.learning_rate = 4e-4
     c.warmup_steps = 30_000
     return c
