@@ -89,9 +89,16 @@ def test_cpu_rows_carry_no_time_estimate(rows):
 
 @needs_libtpu
 def test_tpu_rows_carry_the_compilers_step_time_split_by_region():
+    """At XLA's fastest effort (a third less compile time): the checks are of the report's
+    shape, which holds at any effort, not of the estimates' values."""
     config = configuration.freeze(tiny_config(**(MODEL | {"num_layers": 2})))
     devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
-    (row,) = flops_by_method.table(config, devices, 0.5, ("3ml_cross",))
+    effort = jax.config.jax_exec_time_optimization_effort
+    jax.config.update("jax_exec_time_optimization_effort", -1.0)
+    try:
+        (row,) = flops_by_method.table(config, devices, 0.5, ("3ml_cross",))
+    finally:
+        jax.config.update("jax_exec_time_optimization_effort", effort)
     assert row.seconds > 0 and row.time_ratio_to_mlm == 1.0  # its own baseline here
     assert set(row.region_seconds) == set(flops_by_method.COLUMNS)
     assert all(row.region_seconds[r] > 0 for r in ("encoder", "decoder", "optimizer"))
