@@ -6,7 +6,6 @@ Positions are the tokens' original ones, so the MAE-LM encoder's visible subsequ
 its true distances.
 """
 
-import functools
 import math
 
 import flax.linen as nn
@@ -84,8 +83,8 @@ class RelativeBias:
         return offset_buckets(offsets, self.edges, self.zero_bucket)
 
     def dense(self, dtype=jnp.float32) -> jax.Array:
-        """[B|1, N, T, S] in `dtype`; the table's gradient is float32 (`select_rows`)."""
-        return select_rows(self.buckets(), self.table, jnp.dtype(dtype))
+        """[B|1, N, T, S] in `dtype`; the table's gradient is float32 (`StackBias.layer`)."""
+        return self.shared(dtype).layer()
 
     def shared(self, dtype) -> "StackBias":
         """The bias made once for every layer of a stack (`StackBias`)."""
@@ -160,25 +159,6 @@ def table_gradient(cotangent, buckets, num_buckets: int):
         preferred_element_type=jnp.float32,
         precision=_precision(cotangent.dtype),
     )
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def select_rows(buckets, table, dtype):
-    """`_contract`, with the table's gradient in float32 whatever `dtype` is."""
-    return _contract(buckets, table, dtype)
-
-
-def _select_rows_fwd(buckets, table, dtype):
-    return _contract(buckets, table, dtype), (buckets, table.shape[0])
-
-
-def _select_rows_bwd(dtype, residuals, cotangent):
-    del dtype
-    buckets, num_buckets = residuals
-    return None, table_gradient(cotangent, buckets, num_buckets)
-
-
-select_rows.defvjp(_select_rows_fwd, _select_rows_bwd)
 
 
 @jax.custom_vjp
