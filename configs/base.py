@@ -185,7 +185,9 @@ def get_config() -> ml_collections.ConfigDict:
     return c
 
 
-def use_large_model(c: ml_collections.ConfigDict, grad_accum_steps: int = 1):
+def use_large_model(
+    c: ml_collections.ConfigDict, grad_accum_steps: int = 1
+) -> ml_collections.ConfigDict:
     """RoBERTa-large sizes: 24 layers, width 1024, 16 heads, MLP 4096, each large config
     setting its own paper's recipe and, in `grad_accum_steps`, how many micro-batches its
     batch needs on v5p-64 (32 chips).
