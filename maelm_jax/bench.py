@@ -35,7 +35,13 @@ from maelm_jax.training import metric_logging, step_speed
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 flags.DEFINE_list("configs", ["mlm_base", "three_ml_self_base"], "Config modules in configs/.")
-flags.DEFINE_integer("batch_size", None, "Global batch; default: each config's own.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size",
+    None,
+    "Global batch; default: each config's own, a pod's (a step that does not fit here is one "
+    "error line naming it).",
+    lower_bound=1,
+)
 flags.DEFINE_integer("seq_len", None, "Sequence length; default: each config's own.", lower_bound=2)
 flags.DEFINE_integer("steps", 5, "`speed`: timed steps per config and round.", lower_bound=1)
 flags.DEFINE_integer(
@@ -165,4 +171,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main, prog="maelm_jax.bench")
+    cli.run(main, errors=(step_speed.DoesNotFit,), prog="maelm_jax.bench")

@@ -1,9 +1,10 @@
-"""`bench speed`: its FLOP rates come from the count training logs, and no step recompiles."""
+"""`bench speed`: its FLOP rates come from the count training logs, no step recompiles, and a
+config's own (pod-sized) batch that does not fit is one line naming it."""
 
 import importlib
 import json
 
-from test_bad_input import run_command
+from test_bad_input import assert_one_line_error, run_command
 
 from maelm_jax import configuration
 from maelm_jax.model import flop_count
@@ -57,3 +58,16 @@ def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():
     ]
     assert rows["default"]["step_time_vs_first"] == 1.0
     assert rows["mlm_base"]["step_time_vs_first"] > 1.0  # 12 x 768 against the demo's model
+
+
+def test_speed_at_a_batch_that_does_not_fit_names_it_and_the_flags():
+    # mlm_base's own batch, 8192 x 512, is a pod's: XLA asks for terabytes on this CPU.
+    result = run_command(["maelm_jax.bench", "speed", "--configs=mlm_base"], timeout=600)
+    assert_one_line_error(
+        result,
+        1,
+        "mlm_base at batch 8192 x seq_len 512 does not fit in the memory of",
+        "RESOURCE_EXHAUSTED",
+        "--batch_size=8 --seq_len=128",
+        prog="maelm_jax.bench",
+    )

@@ -23,6 +23,25 @@ from maelm_jax.run_config import RunConfig
 from maelm_jax.training import programs, sharding, train
 
 
+class DoesNotFit(Exception):
+    """A config's step does not fit in the local devices' memory at the batch asked for; the
+    message names the config, its batch and the flags that change it."""
+
+
+def _out_of_memory(name: str, config: RunConfig, error: Exception) -> DoesNotFit | None:
+    """`error` as a DoesNotFit where XLA ran out of memory (each config's own batch is a pod's
+    global batch: 8192 x 512 for mlm_base), else None."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    return DoesNotFit(
+        f"{name} at batch {config.batch_size} x seq_len {config.seq_len} does not fit in the "
+        f"memory of {jax.device_count()} {jax.devices()[0].device_kind} device(s) "
+        f"({text.strip().splitlines()[0][:200]}); pass a smaller --batch_size and --seq_len, "
+        "e.g. --batch_size=8 --seq_len=128 on a CPU"
+    )
+
+
 class _CompileCounter:
     """Counts XLA compiles: a step that compiles after the first is a recompile."""
 
@@ -56,7 +75,10 @@ class _Timed:
         rows[:, 0] = BOS_ID
         self.batch = train.global_batch(self.progs, rows.astype(np.int32))
         self.flops = flop_count.step_flops(config, flop_count.num_params(config))
-        self.compile_s = self.run(1)
+        try:
+            self.compile_s = self.run(1)
+        except jax.errors.JaxRuntimeError as e:
+            raise _out_of_memory(name, config, e) or e from None
         self.seconds = []  # per round, for `steps` steps
 
     def run(self, steps: int) -> float:
