@@ -1,6 +1,9 @@
 """The sharded train step: same numbers on any mesh, parameters really sharded, bad layouts."""
 
+import re
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -8,6 +11,7 @@ from tiny_configs import tiny_config
 
 from maelm_jax import configuration
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
+from maelm_jax.model.encoder import TokenEmbedding
 from maelm_jax.run_config import ConfigError
 from maelm_jax.training import programs, sharding, train
 
@@ -161,3 +165,31 @@ def test_rule_to_unknown_mesh_axis():
     config.logical_axis_rules = (*rules, ("mlp", "model"))
     with pytest.raises(ConfigError, match=r"unknown mesh axis 'model'"):
         build(config)
+
+
+def test_token_lookup_gathers_the_table_once_not_every_token_on_every_device():
+    """`TokenEmbedding`: with the table's embedding axis sharded (fsdp), the lookup gathers
+    the table whole and looks up locally (the same values); before, every device gathered
+    every token of the global batch and an all-to-all moved them back to batch shards."""
+    config = config_for("mlm", "self", (1, 8, 1))
+    mesh = sharding.create_mesh(configuration.freeze(config).mesh)
+    rules = programs.build(configuration.freeze(config), mesh, VOCAB).rules
+    vocab, width = 384, 64
+    embed = TokenEmbedding(vocab, width, dtype=jnp.bfloat16)
+    rng = np.random.default_rng(0)
+    table = jax.device_put(
+        rng.normal(size=(vocab, width)).astype(np.float32),
+        jax.sharding.NamedSharding(mesh, P("tensor", "fsdp")),
+    )
+    ids = jax.device_put(
+        rng.integers(0, vocab, (16, 24)).astype(np.int32),
+        jax.sharding.NamedSharding(mesh, P(("data", "fsdp"))),
+    )
+    lookup = jax.jit(lambda t, i: embed.apply({"params": {"embedding": t}}, i))
+    with sharding.activate(mesh, rules):
+        hlo = lookup.lower(table, ids).compile().as_text()
+        out = lookup(table, ids)
+    expected = np.asarray(jnp.asarray(np.asarray(table), jnp.bfloat16))[np.asarray(ids)]
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), expected.astype(np.float32))
+    assert re.search(rf"\[{vocab},{width}\][^\n]* all-gather\(", hlo), hlo
+    assert "all-to-all" not in hlo, hlo

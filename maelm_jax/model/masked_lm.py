@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.decoders import CrossDecoder, SelfDecoder
-from maelm_jax.model.encoder import Encoder, gather_positions
+from maelm_jax.model.encoder import Encoder, TokenEmbedding, gather_positions
 from maelm_jax.model.transformer import layer_norm
 from maelm_jax.run_config import ModelConfig
 
@@ -57,7 +57,7 @@ class MaskedLM(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.token_embed = nn.Embed(
+        self.token_embed = TokenEmbedding(
             cfg.vocab_size,
             cfg.hidden_size,
             embedding_init=ax.param(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
