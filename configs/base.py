@@ -198,7 +198,7 @@ def use_large_model(
     `dots_saveable` against 9.4 ms without (v5p-8, 64 rows per chip): recomputing the
     attention of every layer was a quarter of the step. On v5p-64, mlm_large at 8192 in 8
     micro-batches: 59.60 GiB per chip, estimated MFU 57.7% (49.1% with the settings below);
-    mae_lm_large at 2048 in 2: 65.45 GiB, 54.5% (39.8%) (README, "Three clocks").
+    mae_lm_large at 2048 in 2: 65.56 GiB, 54.7% (39.8%) (README, "Three clocks").
 
     For the most rows per chip instead (a smaller slice, or `compile --max_batch`), the
     settings the large configs had before (README, "Memory headroom"):
