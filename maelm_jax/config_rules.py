@@ -119,6 +119,7 @@ RULES: dict[str, Rule] = {
     "model.attention_impl": one_of(ATTENTION_IMPLS),
     "model.float32_attention_logits": one_of((False, True)),
     "model.relative_bias_once": one_of((False, True)),
+    "model.gather_embedding_table": one_of((False, True)),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),
     "model.backbone": one_of(BACKBONES),

@@ -194,6 +194,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             attention_impl=m.attention_impl,
             float32_attention_logits=m.float32_attention_logits,
             relative_bias_once=m.relative_bias_once,
+            gather_embedding_table=m.gather_embedding_table,
             backbone=m.backbone,
             rope_theta_global=float(m.rope_theta_global),
             rope_theta_local=float(m.rope_theta_local),
@@ -288,6 +289,7 @@ _BEFORE_KEY_EXISTED = {
     "attention_impl": "xla",
     "float32_attention_logits": True,
     "relative_bias_once": False,
+    "gather_embedding_table": False,
     "backbone": "roberta",
     # The modern backbone's keys: unread by "roberta", the only backbone before them.
     "rope_theta_global": 160_000.0,

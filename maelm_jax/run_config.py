@@ -75,6 +75,7 @@ class ModelConfig:
     attention_impl: str = "xla"  # ATTENTION_IMPLS; `for_platform` makes "auto" concrete
     float32_attention_logits: bool = False
     relative_bias_once: bool = True  # see configs/base.py
+    gather_embedding_table: bool = False  # see configs/base.py
     kernel_interpret: bool = False  # Pallas kernels in the interpreter (splash on CPU)
     backbone: str = "roberta"  # BACKBONES; the keys below are the "modern" backbone's
     rope_theta_global: float = 160_000.0

@@ -11,6 +11,7 @@ from tiny_configs import tiny_config
 
 from maelm_jax import configuration
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
+from maelm_jax.model import logical_axes
 from maelm_jax.model.encoder import TokenEmbedding
 from maelm_jax.run_config import ConfigError
 from maelm_jax.training import programs, sharding, train
@@ -167,15 +168,17 @@ def test_rule_to_unknown_mesh_axis():
         build(config)
 
 
-def test_token_lookup_gathers_the_table_once_not_every_token_on_every_device():
-    """`TokenEmbedding`: with the table's embedding axis sharded (fsdp), the lookup gathers
-    the table whole and looks up locally (the same values); before, every device gathered
-    every token of the global batch and an all-to-all moved them back to batch shards."""
+@pytest.mark.parametrize("gather_table", [False, True])
+def test_token_lookup_gathers_the_table_or_every_token_as_configured(gather_table):
+    """`TokenEmbedding` on an fsdp mesh, the same values either way: with
+    `gather_embedding_table` the table is gathered whole and each device looks up its own
+    rows; without, every device gathers every token (its slice of the embedding) and an
+    all-to-all moves the vectors back to batch shards."""
     config = config_for("mlm", "self", (1, 8, 1))
     mesh = sharding.create_mesh(configuration.freeze(config).mesh)
     rules = programs.build(configuration.freeze(config), mesh, VOCAB).rules
     vocab, width = 384, 64
-    embed = TokenEmbedding(vocab, width, dtype=jnp.bfloat16)
+    embed = TokenEmbedding(vocab, width, dtype=jnp.bfloat16, gather_table=gather_table)
     rng = np.random.default_rng(0)
     table = jax.device_put(
         rng.normal(size=(vocab, width)).astype(np.float32),
@@ -185,11 +188,17 @@ def test_token_lookup_gathers_the_table_once_not_every_token_on_every_device():
         rng.integers(0, vocab, (16, 24)).astype(np.int32),
         jax.sharding.NamedSharding(mesh, P(("data", "fsdp"))),
     )
-    lookup = jax.jit(lambda t, i: embed.apply({"params": {"embedding": t}}, i))
+    # As in the model, the vectors then go on with their rows (batch-sharded).
+    lookup = jax.jit(
+        lambda t, i: logical_axes.constrain(
+            embed.apply({"params": {"embedding": t}}, i), logical_axes.HIDDEN
+        )
+    )
     with sharding.activate(mesh, rules):
         hlo = lookup.lower(table, ids).compile().as_text()
         out = lookup(table, ids)
     expected = np.asarray(jnp.asarray(np.asarray(table), jnp.bfloat16))[np.asarray(ids)]
     np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), expected.astype(np.float32))
-    assert re.search(rf"\[{vocab},{width}\][^\n]* all-gather\(", hlo), hlo
-    assert "all-to-all" not in hlo, hlo
+    table_gathered = re.search(rf"\[{vocab},{width}\][^\n]* all-gather\(", hlo) is not None
+    assert table_gathered == gather_table, hlo
+    assert ("all-to-all" in hlo) != gather_table, hlo

@@ -31,19 +31,25 @@ def stack_bias_of(config: ModelConfig, bias):
 
 
 class TokenEmbedding(nn.Embed):
-    """`nn.Embed` whose lookup reads a compute-dtype copy of the table gathered whole over
-    the embedding axis; `attend` (the tied LM head) still reads the sharded table.
+    """`nn.Embed` that can look tokens up in a copy of the table gathered whole over its
+    (fsdp-sharded) embedding axis (`model.gather_embedding_table`); `attend`, the tied LM
+    head, reads the sharded table either way. The same values.
 
-    Why: the table is sharded over its embedding axis (`embed -> fsdp`). A lookup into that
-    shard made XLA's partitioner gather every token of the global batch on every chip, one
-    slice of the embedding each, and transpose the result back to batch shards: a relayout
-    of B x T x E / chips values that libtpu compiled to a program too large for one overlay.
-    Gathering the table first (64 MiB in bf16 at large size) and looking up locally cut a
-    one-layer mae_lm_large step on v5p-64 from 13.11 to 12.68 ms (XLA's cost model) and its
-    compile from about 70 to 51 CPU seconds. Same values.
+    Why: looking up in the sharded table, XLA's partitioner has every chip gather every
+    token of the global batch, one slice of the embedding each, and transpose the vectors
+    back to batch shards. Where a chip's slice is narrow (32 of 1024 for the large configs
+    on v5p-64) that relayout pads to 128 lanes and libtpu compiles it to a program larger
+    than one overlay: gathering the table first cut a one-layer mae_lm_large program on
+    v5p-64 from 13.11 to 12.68 ms (XLA's cost model) and its compile from about 70 to 51
+    CPU seconds. Where the slice is wide (base on v5p-8: 192 of 768) the table's all-gather
+    costs more than it saves (three_ml_self_base 14.56 -> 14.69 ms).
     """
 
+    gather_table: bool = False
+
     def __call__(self, inputs):
+        if not self.gather_table:
+            return super().__call__(inputs)
         table = ax.constrain(
             jnp.asarray(self.embedding, self.dtype), ("activation_vocab", "activation_embed")
         )
