@@ -205,7 +205,7 @@ def use_large_model(
     then keep. XLA's estimate of one MAE-LM large encoder layer is 12.2 ms under
     `dots_saveable` against 9.4 ms without (v5p-8, 64 rows per chip): recomputing the
     attention of every layer was a quarter of the step. On v5p-64, mlm_large at 8192 in 8
-    micro-batches: 59.60 GiB per chip, estimated MFU 57.7% (49.1% with the settings below);
+    micro-batches: 59.68 GiB per chip, estimated MFU 58.0% (49.1% with the settings below);
     mae_lm_large at 2048 in 2: 65.56 GiB, 54.7% (39.8%) (README, "Three clocks").
 
     For the most rows per chip instead (a smaller slice, or `compile --max_batch`), the
