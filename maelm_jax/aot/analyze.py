@@ -67,8 +67,8 @@ def analyze(
     the module doc; `step_time="estimate"` adds XLA's estimate of the step's time
     (`step_time.py`), whose programs compile in threads beside the step's: where the host
     has a core for each (a TPU VM) that costs one program's compile in wall time; on two
-    cores, about as long as compiling them in turn (mae_lm_large under the memory settings on
-    v5p-64: 194 s, the step's own 46 s).
+    cores, about as long as compiling them in turn (mae_lm_large as shipped on v5p-64: 112 to
+    121 s in all, the step's own 44 s).
     """
     if flops not in FLOPS_MODES:
         raise ConfigError(f"flops={flops!r} is not allowed; use one of {FLOPS_MODES}")
