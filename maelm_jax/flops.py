@@ -33,6 +33,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     jax.config.update("jax_platforms", "cpu")  # with --topology, libtpu only compiles
+    # Nothing compiled here runs, and libtpu cannot load a compile-only program back from a
+    # persistent compilation cache (jax warns and compiles it again): none is used.
+    jax.config.update("jax_enable_compilation_cache", False)
     config = FLAGS.config
     if FLAGS.batch_size:
         config.batch_size = FLAGS.batch_size

@@ -2,7 +2,9 @@
 
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 
 # Tiny test programs spend far longer in LLVM than running; level 0 halves compile time, and
 # the classic fusion emitters (not the MLIR ones) more than halve what is left (a sharded
@@ -14,6 +16,15 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_cpu_use_fusion_emitters=false"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session: the xdist workers and every process the
+# tests start inherit it, so a tiny program compiled once (the same train step in a baseline
+# run, its killed twin and its rerun) is read back, not compiled again. Made by the first
+# process to import this file (the xdist controller) and removed by it at the end.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="maelm_jax_xla_cache_")
+    os.environ["MAELM_JAX_TEST_CACHE_OWNER"] = str(os.getpid())
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -22,6 +33,12 @@ if str(REPO_ROOT) not in sys.path:
 
 
 import pytest  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    del config
+    if os.environ.get("MAELM_JAX_TEST_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,13 @@ config's own (pod-sized) batch that does not fit is one line naming it."""
 import importlib
 import json
 
+import jax
+import numpy as np
 from test_bad_input import assert_one_line_error, run_command
 
 from maelm_jax import configuration
 from maelm_jax.model import flop_count
+from maelm_jax.training import step_speed
 
 ARGS = dict(seq_len=32, batch_size=2)
 
@@ -71,3 +74,22 @@ def test_speed_at_a_batch_that_does_not_fit_names_it_and_the_flags():
         "--batch_size=8 --seq_len=128",
         prog="maelm_jax.bench",
     )
+
+
+def test_a_program_read_from_the_persistent_cache_counts_as_a_compile():
+    """The recompile count must see a new program that the persistent compilation cache
+    (this session has one, as pods often do) serves without a backend compile."""
+    assert jax.config.jax_compilation_cache_dir  # conftest.py's
+    hits = []
+    jax.monitoring.register_event_listener(
+        lambda event, **kw: hits.append(event) if event.endswith("/cache_hits") else None
+    )
+    step_speed._CompileCounter.install()
+    program = jax.jit(lambda x: x * 3.0 + 1.25)  # compiled by no other test
+    counts = [step_speed._CompileCounter.count]
+    for _ in range(2):
+        program(np.arange(7.0, dtype=np.float32)).block_until_ready()
+        counts.append(step_speed._CompileCounter.count)
+        jax.clear_caches()  # the next call finds it only on disk
+    assert len(hits) == 1  # the second call was served from the cache...
+    assert np.diff(counts).tolist() == [1, 1]  # ...and still counts as a compile

@@ -48,14 +48,16 @@ def hand_count_flops(c) -> float:
     return 3 * forward
 
 
-def run_cli(tmp_path, *args):
-    """`python -m maelm_jax.compile` on the tiny config with `args` appended."""
+def run_cli(tmp_path, *args, env=None):
+    """`python -m maelm_jax.compile` on the tiny config with `args` appended, in the test
+    session's environment updated with `env`."""
     config = tmp_path / "tiny.py"
     config.write_text(
         "from tiny_configs import tiny_config\n\n\n"
         f"def get_config():\n    return tiny_config(**{MODEL!r})\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
     return subprocess.run(
         [sys.executable, "-m", "maelm_jax.compile", f"--config={config}", *args],
         cwd=REPO_ROOT,
@@ -121,8 +123,12 @@ def test_cli_unknown_topology_is_one_line_error(tmp_path):
 
 @needs_libtpu
 def test_cli_json_reports_memory_and_unrolled_flops(tmp_path):
-    result = run_cli(tmp_path, "--topology=v5p-8", "--json", "--flops=unrolled")
+    cache = tmp_path / "xla_cache"  # a user's persistent compilation cache
+    env = {"JAX_COMPILATION_CACHE_DIR": str(cache)}
+    result = run_cli(tmp_path, "--topology=v5p-8", "--json", "--flops=unrolled", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Compile-only programs cannot be read back from it (jax warns): none were written.
+    assert not (cache.exists() and any(cache.iterdir()))
     report = json.loads(result.stdout)
     assert (report["topology"], report["num_devices"], report["fits"]) == ("v5p-8", 4, True)
     assert report["mesh_shape"] == {"data": 1, "fsdp": 4, "tensor": 1}
@@ -147,7 +153,8 @@ def test_cli_json_reports_memory_and_unrolled_flops(tmp_path):
 
 @needs_libtpu
 def test_cli_step_that_does_not_fit_exits_nonzero(tmp_path):
-    result = run_cli(tmp_path, "--topology=v5p-8", "--json", f"--config.batch_size={2**22}")
+    big = f"--config.batch_size={2**22}"  # no step-time estimate: its programs cannot fit
+    result = run_cli(tmp_path, "--topology=v5p-8", "--json", big, "--step_time=skip")
     assert result.returncode == compile_command.EXIT_DOES_NOT_FIT, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["fits"] is False and "RESOURCE_EXHAUSTED" in report["oom_message"]

@@ -43,7 +43,9 @@ def _out_of_memory(name: str, config: RunConfig, error: Exception) -> DoesNotFit
 
 
 class _CompileCounter:
-    """Counts XLA compiles: a step that compiles after the first is a recompile."""
+    """Counts XLA compiles: a step that compiles after the first is a recompile. jax times
+    the persistent compilation cache's lookup inside the same event, so a program the cache
+    serves (pods often set `jax_compilation_cache_dir`) still counts (test_bench)."""
 
     count = 0
 
