@@ -116,13 +116,14 @@ def get_config() -> ml_collections.ConfigDict:
     # own from the [buckets, heads] table.
     c.model.relative_bias_once = True
     # How a token lookup reads the embedding table, whose embedding axis is sharded (fsdp).
-    # False: each chip gathers its slice of the embedding for every token of the global
-    # batch, and an all-to-all sends the vectors back to their rows' chips. True: the table
-    # is gathered whole in the compute dtype first and each chip looks up its own rows.
-    # True wins where a chip's slice is narrow (under 128 lanes: the large configs on
-    # v5p-64 hold 32 of 1024), False where it is wide (base on v5p-8: 192 of 768); README,
-    # "Pod preflight".
-    c.model.gather_embedding_table = False
+    # "never": each chip gathers its slice of the embedding for every token of the global
+    # batch, and an all-to-all sends the vectors back to their rows' chips. "always": the
+    # table is gathered whole in the compute dtype first and each chip looks up its own rows.
+    # "always" wins where a chip's slice is narrow (under 128 lanes: the large configs on
+    # v5p-64 hold 32 of 1024, base on v5p-64 24 of 768), "never" where it is wide (base on
+    # v5p-8: 192 of 768); "auto" picks by that width on the run's mesh (README, "Pod
+    # preflight").
+    c.model.gather_embedding_table = "auto"
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
     # "roberta": the papers' post-LN encoder with learned absolute positions (and the T5
@@ -223,6 +224,5 @@ def use_large_model(
     c.model.decoder_remat_policy = "none"
     c.model.attention_query_chunk = 0
     c.model.lm_head_chunk = 32
-    c.model.gather_embedding_table = True
     c.grad_accum_steps = grad_accum_steps
     return c

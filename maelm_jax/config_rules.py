@@ -16,6 +16,7 @@ from maelm_jax.run_config import (
     NONFINITE_POLICIES,
     OBJECTIVES,
     PACKINGS,
+    TABLE_GATHERS,
 )
 
 REMAT_POLICIES = ("none", *remat.POLICIES)
@@ -119,7 +120,7 @@ RULES: dict[str, Rule] = {
     "model.attention_impl": one_of(ATTENTION_IMPLS),
     "model.float32_attention_logits": one_of((False, True)),
     "model.relative_bias_once": one_of((False, True)),
-    "model.gather_embedding_table": one_of((False, True)),
+    "model.gather_embedding_table": one_of(TABLE_GATHERS),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),
     "model.backbone": one_of(BACKBONES),

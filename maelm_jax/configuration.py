@@ -289,7 +289,7 @@ _BEFORE_KEY_EXISTED = {
     "attention_impl": "xla",
     "float32_attention_logits": True,
     "relative_bias_once": False,
-    "gather_embedding_table": False,
+    "gather_embedding_table": "never",
     "backbone": "roberta",
     # The modern backbone's keys: unread by "roberta", the only backbone before them.
     "rope_theta_global": 160_000.0,
@@ -300,13 +300,23 @@ _BEFORE_KEY_EXISTED = {
 }
 
 
+# Keys that were booleans before they took names: {key: {old value: its name now}}.
+_BEFORE_KEY_TOOK_STRINGS = {"gather_embedding_table": {False: "never", True: "always"}}
+
+
 def from_checkpoint(saved: dict) -> RunConfig:
     """The RunConfig a checkpoint's stored config (JSON) describes, completed for keys added
     since it was written: model keys get what the model did before (`_BEFORE_KEY_EXISTED`;
     any other missing model key is a ConfigError), top-level keys (training-only: data,
-    optimizer, logging) their defaults."""
+    optimizer, logging) their defaults; a key that was a boolean before it took names gets
+    the name of what it did (`_BEFORE_KEY_TOOK_STRINGS`)."""
     from configs import base
 
+    model = dict(saved.get("model", {}))
+    for key, names in _BEFORE_KEY_TOOK_STRINGS.items():
+        if isinstance(model.get(key), bool):
+            model[key] = names[model[key]]
+    saved = {**saved, "model": model}
     config, defaults = ml_collections.ConfigDict(saved), base.get_config()
     absent = [k for k in defaults.model if k not in config.model]
     unknown = [k for k in absent if k not in _BEFORE_KEY_EXISTED]

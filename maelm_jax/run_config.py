@@ -23,6 +23,10 @@ NONFINITE_POLICIES = ("stop", "skip")
 PACKINGS = ("segmented", "concatenated")  # see model/positions/segments.py
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform
+TABLE_GATHERS = ("auto", "always", "never")  # see ModelConfig.for_embedding_shards
+# A TPU vector register's minor dimension: an embedding slice narrower than this per chip
+# pads to it in the sharded lookup's relayout (encoder.TokenEmbedding).
+TPU_LANES = 128
 BACKBONES = ("roberta", "modern")  # see configs/base.py
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 VOCAB_MULTIPLE = 128
@@ -75,7 +79,7 @@ class ModelConfig:
     attention_impl: str = "xla"  # ATTENTION_IMPLS; `for_platform` makes "auto" concrete
     float32_attention_logits: bool = False
     relative_bias_once: bool = True  # see configs/base.py
-    gather_embedding_table: bool = False  # see configs/base.py
+    gather_embedding_table: str = "never"  # TABLE_GATHERS; see configs/base.py
     kernel_interpret: bool = False  # Pallas kernels in the interpreter (splash on CPU)
     backbone: str = "roberta"  # BACKBONES; the keys below are the "modern" backbone's
     rope_theta_global: float = 160_000.0
@@ -109,6 +113,16 @@ class ModelConfig:
             )
         interpret = impl == "splash" and platform == "cpu"
         return dataclasses.replace(self, attention_impl=impl, kernel_interpret=interpret)
+
+    def for_embedding_shards(self, shards: int) -> "ModelConfig":
+        """This model with the embedding axis split `shards` ways: `gather_embedding_table`
+        "auto" becomes "always" where that leaves each chip a slice narrower than a TPU
+        vector's lanes, else "never" (encoder.TokenEmbedding says why). A model built
+        without a mesh (export, analysis) looks tokens up as "never" does: the same values."""
+        if self.gather_embedding_table != "auto":
+            return self
+        narrow = shards > 1 and self.hidden_size // shards < TPU_LANES
+        return dataclasses.replace(self, gather_embedding_table="always" if narrow else "never")
 
     def for_vocab(self, vocab_size: int) -> "ModelConfig":
         """This model for a tokenizer of `vocab_size` pieces (padded here)."""

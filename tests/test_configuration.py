@@ -5,7 +5,7 @@ import json
 
 import jax.numpy as jnp
 import pytest
-from tiny_configs import tiny_config
+from tiny_configs import frozen, tiny_config
 
 from configs import base, default
 from maelm_jax import configuration
@@ -85,3 +85,52 @@ def test_a_checkpoint_from_before_the_attention_keys_keeps_float32_scores_on_xla
     del saved["model"]["attention_impl"], saved["model"]["float32_attention_logits"]
     model = configuration.from_checkpoint(saved).model
     assert (model.attention_impl, model.float32_attention_logits) == ("xla", True)
+
+
+@pytest.mark.parametrize(
+    "setting,hidden,shards,want",
+    [
+        ("auto", 1024, 32, "always"),  # the large configs on v5p-64: 32 of 1024 per chip
+        ("auto", 768, 32, "always"),  # base on v5p-64: 24
+        ("auto", 768, 4, "never"),  # base on v5p-8: 192
+        ("auto", 256, 2, "never"),  # exactly the 128 lanes
+        ("auto", 64, 1, "never"),  # not sharded: nothing to gather
+        ("always", 768, 4, "always"),
+        ("never", 1024, 32, "never"),
+    ],
+)
+def test_auto_gathers_the_table_where_a_chips_slice_is_narrower_than_the_lanes(
+    setting, hidden, shards, want
+):
+    model = dataclasses.replace(
+        frozen(tiny_config())[0], gather_embedding_table=setting, hidden_size=hidden
+    )
+    assert model.for_embedding_shards(shards).gather_embedding_table == want
+
+
+def test_the_programs_resolve_auto_for_their_mesh():
+    """Hidden 64 split 8 ways (fsdp) is narrow; kept whole on each device (data) it is not."""
+    import jax
+
+    from maelm_jax.training import programs, sharding
+
+    c = tiny_config(hidden_size=64)
+    assert c.model.gather_embedding_table == "auto"  # configs/base.py's
+    got = {}
+    for name, ici in {"fsdp": (1, 8, 1), "data": (8, 1, 1)}.items():
+        c.mesh.ici.data, c.mesh.ici.fsdp, c.mesh.ici.tensor = ici
+        run = configuration.freeze(c)
+        mesh = sharding.create_mesh(run.mesh, jax.devices()[:8])
+        got[name] = programs.build(run, mesh, run.data.vocab_size).model_cfg
+    assert got["fsdp"].gather_embedding_table == "always"
+    assert got["data"].gather_embedding_table == "never"
+
+
+def test_a_checkpoint_from_when_the_table_setting_was_a_boolean_keeps_its_lookup():
+    saved = json.loads(json.dumps(base.get_config().to_dict()))
+    for old, now in [(True, "always"), (False, "never")]:
+        saved["model"]["gather_embedding_table"] = old
+        assert configuration.from_checkpoint(saved).model.gather_embedding_table == now
+    saved["model"]["gather_embedding_table"] = "sometimes"
+    with pytest.raises(ConfigError, match="gather_embedding_table='sometimes' is not allowed"):
+        configuration.from_checkpoint(saved)

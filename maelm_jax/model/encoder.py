@@ -42,7 +42,8 @@ class TokenEmbedding(nn.Embed):
     than one overlay: gathering the table first cut a one-layer mae_lm_large program on
     v5p-64 from 13.11 to 12.68 ms (XLA's cost model) and its compile from about 70 to 51
     CPU seconds. Where the slice is wide (base on v5p-8: 192 of 768) the table's all-gather
-    costs more than it saves (three_ml_self_base 14.56 -> 14.69 ms).
+    costs more than it saves (three_ml_self_base 14.56 -> 14.69 ms); "auto" decides by the
+    width (`ModelConfig.for_embedding_shards`).
     """
 
     gather_table: bool = False

@@ -63,7 +63,7 @@ class MaskedLM(nn.Module):
             embedding_init=ax.param(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
             dtype=cfg.dtype,
             param_dtype=jnp.float32,
-            gather_table=cfg.gather_embedding_table,
+            gather_table=cfg.gather_embedding_table == "always",
         )
         self.encoder = Encoder(cfg)
         if cfg.objective == "mae_lm":

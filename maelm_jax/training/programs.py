@@ -52,11 +52,12 @@ class Programs:
 
 
 def model_and_masking(
-    run: RunConfig, vocab_size: int, platform: str | None = None
+    run: RunConfig, vocab_size: int, platform: str | None = None, embed_shards: int = 1
 ) -> tuple[MaskedLM, MaskingConfig]:
     """The model and its masking for a tokenizer of `vocab_size` pieces (the project's fixed
     special-id layout), with its attention kernels chosen for `platform`'s devices (None:
-    the XLA path everywhere)."""
+    the XLA path everywhere) and its token lookup for an embedding axis split
+    `embed_shards` ways."""
     masking_cfg = run.masking.for_tokenizer(
         vocab_size=vocab_size,
         mask_id=MASK_ID,
@@ -65,7 +66,7 @@ def model_and_masking(
         special_ids=(BOS_ID, PAD_ID, EOS_ID),
         first_regular_id=FIRST_REGULAR_ID,
     )
-    model_cfg = run.model.for_vocab(vocab_size)
+    model_cfg = run.model.for_vocab(vocab_size).for_embedding_shards(embed_shards)
     if platform is not None:
         model_cfg = model_cfg.for_platform(platform)
     return MaskedLM(model_cfg, pad_id=PAD_ID, mask_id=MASK_ID), masking_cfg
@@ -79,7 +80,9 @@ def build(run: RunConfig, mesh: Mesh, vocab_size: int) -> Programs:
     """
     rules = sharding.axis_rules(run.mesh)
     sharding.check_batch(run, mesh, rules)
-    model, masking_cfg = model_and_masking(run, vocab_size, mesh.devices.flat[0].platform)
+    platform = mesh.devices.flat[0].platform
+    embed_shards = sharding.num_shards(mesh, rules, "embed")
+    model, masking_cfg = model_and_masking(run, vocab_size, platform, embed_shards)
     model_cfg = model.config
     tx = optimizer.create_optimizer(run.optimizer)
     init_fn = train_state.make_init_fn(model, tx, model_cfg, run.seq_len, masking_cfg.num_masked)

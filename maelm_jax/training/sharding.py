@@ -106,6 +106,11 @@ def _mesh_axes(rules, logical_name) -> tuple[str, ...]:
     return () if target is None else (target,) if isinstance(target, str) else tuple(target)
 
 
+def num_shards(mesh: Mesh, rules, logical_name: str) -> int:
+    """How many ways the rules split logical axis `logical_name` over `mesh`."""
+    return math.prod(mesh.shape[a] for a in _mesh_axes(rules, logical_name))
+
+
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
     """[B, L] batches: rows split as the `activation_batch` rule says."""
     return NamedSharding(mesh, PartitionSpec(_mesh_axes(rules, "activation_batch") or None))
@@ -114,7 +119,7 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
 def check_batch(config: RunConfig, mesh: Mesh, rules) -> None:
     """The global batch (and each micro-batch) must split evenly over batch shards and hosts."""
     axes = _mesh_axes(rules, "activation_batch")
-    shards = math.prod(mesh.shape[a] for a in axes)
+    shards = num_shards(mesh, rules, "activation_batch")
     micro = config.batch_size // config.loop.grad_accum_steps
     if micro % shards:
         detail = ", ".join(f"{a}={mesh.shape[a]}" for a in axes)
@@ -139,7 +144,7 @@ def check_divisible(logical_specs, shapes, mesh: Mesh, rules) -> None:
             if logical_name is None:
                 continue
             axes = _mesh_axes(rules, logical_name)
-            shards = math.prod(mesh.shape[a] for a in axes)
+            shards = num_shards(mesh, rules, logical_name)
             if size % shards:
                 where = ", ".join(f"{a}={mesh.shape[a]}" for a in axes)
                 raise ConfigError(
