@@ -3,6 +3,7 @@ launches racing for one workdir exactly one wins."""
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -133,3 +134,20 @@ def test_taking_over_never_removes_a_fresh_lease_that_replaced_the_stale_one(tmp
     _plant(tmp_path, heartbeat_age=workdir_lease.STALE_SECONDS + 60)
     workdir_lease._remove_stale(path, stale)  # the stale lease itself goes
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_takeover_lock_defers_to_its_holder_until_it_is_a_crashed_launchs(tmp_path):
+    """Only the holder of the takeover lock deletes a stale lease; a lock older than any
+    takeover takes is a crashed launch's and must not block the workdir for good."""
+    _plant(tmp_path, heartbeat_age=workdir_lease.STALE_SECONDS + 60)
+    lock = tmp_path / f".{workdir_lease.LEASE_FILENAME}.takeover"
+    lock.write_text("another launch, taking over right now")
+    with pytest.raises(WorkdirBusyError, match="could not take its lease"):
+        workdir_lease.acquire(tmp_path)
+    assert workdir_lease.read_owner(tmp_path / workdir_lease.LEASE_FILENAME).run_id == "elsewhere"
+    crashed = time.time() - workdir_lease.TAKEOVER_SECONDS - 5
+    os.utime(lock, (crashed, crashed))
+    lease = workdir_lease.acquire(tmp_path)
+    assert workdir_lease.read_owner(lease.path).run_id == lease.owner.run_id
+    assert not lock.exists()
+    lease.release()

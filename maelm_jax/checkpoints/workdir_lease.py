@@ -13,15 +13,19 @@ longer alive: a run killed with `kill -9` never blocks its own restart.
 Two launches at once must end with one owner. On a local or NFS path the lease is written
 whole to a temporary file and hard-linked into place (link fails if the name exists), so no
 reader ever finds it empty or half written and mistakes it for a torn lease to delete; where
-the file system has no hard links, O_CREAT|O_EXCL creates it. A stale lease is renamed aside
-rather than deleted, and put back if what was moved turns out to be another launch's fresh
-one, so two launches taking over the same stale lease cannot both win. On an object store
+the file system has no hard links, O_CREAT|O_EXCL creates it. A stale lease is deleted only
+by the launch holding the takeover lock (`.maelm_lease.json.takeover`, created the same
+exclusive way), and only if it still is the lease judged stale: launches taking over the same
+stale lease delete it once, and a fresh lease is never moved, not even for a moment a third
+launch could create its own in. (Renaming the stale lease aside and putting back what turned
+out to be a fresh one had that moment: of four launches racing for a stale lease, two won
+on a loaded machine.) A takeover lock older than TAKEOVER_SECONDS is a crashed launch's and
+is deleted. On an object store
 (gs://) etils.epath has no create-if-absent, so the file is written and read back, and of two
 launches racing within the same second the last writer wins and the other is refused once it
 reads back someone else's id.
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -38,6 +42,7 @@ from maelm_jax.run_config import ConfigError
 LEASE_FILENAME = "maelm_lease.json"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0
+TAKEOVER_SECONDS = 10.0  # a takeover holds its lock for milliseconds
 
 
 class WorkdirBusyError(ConfigError):
@@ -119,22 +124,44 @@ def _create_exclusive(path: epath.Path, text: str) -> bool:
     return path.read_text() == text
 
 
+def _take_lock(lock: epath.Path) -> bool:
+    """True if this launch now holds `lock`; a lock older than TAKEOVER_SECONDS is a crashed
+    launch's and is deleted first."""
+    for _ in range(2):
+        if _create_exclusive(lock, uuid.uuid4().hex):
+            return True
+        try:
+            age = time.time() - os.stat(lock).st_mtime
+        except FileNotFoundError:
+            continue  # released just now
+        if age <= TAKEOVER_SECONDS:
+            return False
+        logging.warning("Deleting the takeover lock %s of a crashed launch", lock)
+        lock.unlink(missing_ok=True)
+    return False
+
+
 def _remove_stale(path: epath.Path, stale: Owner | None) -> None:
-    """Removes the lease judged stale (`stale`; None: unreadable) without removing a fresh
-    one that another launch, taking over the same stale lease, put in its place meanwhile."""
+    """Removes the lease judged stale (`stale`; None: unreadable) unless, read again under
+    the takeover lock, it is another lease by now (a launch that took it over first). Where
+    another launch holds the lock, waits a moment for its lease to appear instead."""
     if not _is_local(path):
         path.unlink(missing_ok=True)
         return
-    aside = _sibling(path, "stale")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
+    lock = path.parent / f".{path.name}.takeover"
+    if not _take_lock(lock):
+        time.sleep(0.1)
         return
-    moved = read_owner(aside)
-    if moved is not None and (stale is None or moved.run_id != stale.run_id):
-        with contextlib.suppress(FileExistsError):  # a third launch's lease: it holds it
-            os.link(aside, path)
-    aside.unlink(missing_ok=True)
+    try:
+        current = read_owner(path)
+        if stale is None:
+            still_stale = current is None
+        else:
+            still_stale = current is not None and current.run_id == stale.run_id
+        if still_stale:
+            path.unlink(missing_ok=True)
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def _write(path: epath.Path, text: str) -> None:
