@@ -67,8 +67,6 @@ def test_a_checkpoints_config_gets_what_older_runs_did_for_keys_added_since():
     ],
 )
 def test_attention_impl_is_made_concrete_for_the_devices(impl, platform, want):
-    from tiny_configs import frozen, tiny_config
-
     model = dataclasses.replace(frozen(tiny_config("mlm", "self", 16))[0], attention_impl=impl)
     if isinstance(want, str):
         with pytest.raises(ConfigError, match=want):
