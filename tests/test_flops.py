@@ -1,20 +1,27 @@
 """The FLOP report on a small model: XLA's cost analysis of the real step and of each
 region's own program, against the analytic formula (`flop_count`)."""
 
+import dataclasses
 import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
 from tiny_configs import tiny_config
 
 from maelm_jax import configuration
-from maelm_jax.aot import flops_by_method, topology
-from maelm_jax.hardware import tpu_chips
+from maelm_jax.aot import flops_by_method
 from maelm_jax.model import flop_count
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None, reason="TPU compiles need libtpu"
 )
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Wide enough that matmuls dominate and deep enough (6 encoder layers to the paper decoders'
 # 2) that skipping masked tokens in the encoder pays, as at real sizes.
@@ -88,22 +95,47 @@ def test_cpu_rows_carry_no_time_estimate(rows):
 
 
 @needs_libtpu
-def test_tpu_rows_carry_the_compilers_step_time_split_by_region():
-    """At XLA's fastest effort (a third less compile time): the checks are of the report's
-    shape, which holds at any effort, not of the estimates' values."""
-    config = configuration.freeze(tiny_config(**(MODEL | {"num_layers": 2})))
-    devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
-    effort = jax.config.jax_exec_time_optimization_effort
-    jax.config.update("jax_exec_time_optimization_effort", -1.0)
-    try:
-        (row,) = flops_by_method.table(config, devices, 0.5, ("3ml_cross",))
-    finally:
-        jax.config.update("jax_exec_time_optimization_effort", effort)
-    assert row.seconds > 0 and row.time_ratio_to_mlm == 1.0  # its own baseline here
-    assert set(row.region_seconds) == set(flops_by_method.COLUMNS)
-    assert all(row.region_seconds[r] > 0 for r in ("encoder", "decoder", "optimizer"))
-    assert sum(row.region_seconds.values()) == pytest.approx(row.seconds)
-    assert "optimal_seconds" in flops_by_method.format_table([row], "h")
+def test_cli_json_has_every_methods_estimated_time_split_by_region(tmp_path):
+    """`python -m maelm_jax.flops --topology=... --json`, as a user runs it, at XLA's
+    fastest effort (less compile time): the checks are of the report's shape, which holds at
+    any effort, not of the estimates' values."""
+    config = tmp_path / "tiny.py"
+    config.write_text(
+        "from tiny_configs import tiny_config\n\n\n"
+        f"def get_config():\n    return tiny_config(**{MODEL | {'num_layers': 2}!r})\n"
+    )
+    env = dict(os.environ, JAX_EXEC_TIME_OPTIMIZATION_EFFORT="-1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
+    command = [sys.executable, "-m", "maelm_jax.flops", f"--config={config}"]
+    result = subprocess.run(
+        [*command, "--topology=v5p-8", "--batch_size=16", "--json"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["devices"] == "v5p-8 (4 chips, compile-only)"
+    assert "batch 16 x seq 32" in report["model"]
+    methods = report["methods"]
+    assert list(methods) == list(flops_by_method.METHODS)
+    base = methods["mlm"]
+    for name, m in methods.items():
+        assert m["seconds"] > 0, name
+        assert set(m["region_seconds"]) == set(flops_by_method.COLUMNS)
+        assert sum(m["region_seconds"].values()) == pytest.approx(m["seconds"])
+        assert all(m["region_seconds"][r] > 0 for r in ("encoder", "optimizer")), name
+        assert m["time_ratio_to_mlm"] == pytest.approx(m["seconds"] / base["seconds"])
+        assert m["ratio_to_mlm"] == pytest.approx(m["xla_total"] / base["xla_total"])
+    assert base["region_seconds"]["decoder"] == 0 < methods["mae_lm"]["region_seconds"]["decoder"]
+    # The JSON carries whole rows: the table a person reads comes back from it.
+    fields = [f.name for f in dataclasses.fields(flops_by_method.Row)]
+    rows = [flops_by_method.Row(**{f: m[f] for f in fields}) for m in methods.values()]
+    text = flops_by_method.format_table(rows, "header").splitlines()
+    timed = text.index(next(line for line in text if "optimal_seconds" in line))
+    assert [line.split()[0] for line in text[timed + 2 : timed + 6]] == list(methods)
 
 
 def test_the_modern_backbone_counts_its_geglu_within_the_tolerance():
