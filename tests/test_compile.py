@@ -7,14 +7,10 @@ FLOPs not multiplied by the device count, fall far outside the band.
 
 import importlib.util
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import pytest
-from tiny_configs import tiny_config
+from tiny_configs import run_command_on_tiny, tiny_config
 
 from maelm_jax import compile as compile_command
 from maelm_jax import configuration, run_config
@@ -24,7 +20,6 @@ from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
 from maelm_jax.run_config import ConfigError
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
     reason='libtpu is not installed (pip install "jax[tpu]==0.10.2"); TPU compiles need it',
@@ -49,23 +44,8 @@ def hand_count_flops(c) -> float:
 
 
 def run_cli(tmp_path, *args, env=None):
-    """`python -m maelm_jax.compile` on the tiny config with `args` appended, in the test
-    session's environment updated with `env`."""
-    config = tmp_path / "tiny.py"
-    config.write_text(
-        "from tiny_configs import tiny_config\n\n\n"
-        f"def get_config():\n    return tiny_config(**{MODEL!r})\n"
-    )
-    env = dict(os.environ, **(env or {}))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
-    return subprocess.run(
-        [sys.executable, "-m", "maelm_jax.compile", f"--config={config}", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """`python -m maelm_jax.compile` on the tiny config with `args` appended."""
+    return run_command_on_tiny("maelm_jax.compile", tmp_path, MODEL, *args, env=env)
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,10 @@ region's own program, against the analytic formula (`flop_count`)."""
 import dataclasses
 import importlib.util
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import pytest
-from tiny_configs import tiny_config
+from tiny_configs import run_command_on_tiny, tiny_config
 
 from maelm_jax import configuration
 from maelm_jax.aot import flops_by_method
@@ -20,8 +16,6 @@ from maelm_jax.model import flop_count
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None, reason="TPU compiles need libtpu"
 )
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Wide enough that matmuls dominate and deep enough (6 encoder layers to the paper decoders'
 # 2) that skipping masked tokens in the encoder pays, as at real sizes.
@@ -99,20 +93,14 @@ def test_cli_json_has_every_methods_estimated_time_split_by_region(tmp_path):
     """`python -m maelm_jax.flops --topology=... --json`, as a user runs it, at XLA's
     fastest effort (less compile time): the checks are of the report's shape, which holds at
     any effort, not of the estimates' values."""
-    config = tmp_path / "tiny.py"
-    config.write_text(
-        "from tiny_configs import tiny_config\n\n\n"
-        f"def get_config():\n    return tiny_config(**{MODEL | {'num_layers': 2}!r})\n"
-    )
-    env = dict(os.environ, JAX_EXEC_TIME_OPTIMIZATION_EFFORT="-1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
-    command = [sys.executable, "-m", "maelm_jax.flops", f"--config={config}"]
-    result = subprocess.run(
-        [*command, "--topology=v5p-8", "--batch_size=16", "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    result = run_command_on_tiny(
+        "maelm_jax.flops",
+        tmp_path,
+        MODEL | {"num_layers": 2},
+        "--topology=v5p-8",
+        "--batch_size=16",
+        "--json",
+        env={"JAX_EXEC_TIME_OPTIMIZATION_EFFORT": "-1"},
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]

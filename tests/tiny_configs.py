@@ -1,6 +1,9 @@
 """Tiny versions of the real configs, for tests that must run in seconds on a CPU."""
 
+import os
 import pathlib
+import subprocess
+import sys
 
 import ml_collections
 
@@ -76,3 +79,24 @@ def run_flags(c, base=None, prefix="--config.") -> list[str]:
         elif base[key] != value:
             flags.append(f"{prefix}{key}={value}")
     return flags
+
+
+def run_command_on_tiny(module: str, directory, model: dict, *args, env=None, timeout=300):
+    """`python -m <module> --config=<file>` as a user runs it, the file a `tiny_config` with
+    `model` written into `directory`; `args` appended, this session's environment updated
+    with `env`."""
+    config = pathlib.Path(directory) / "tiny.py"
+    config.write_text(
+        "from tiny_configs import tiny_config\n\n\n"
+        f"def get_config():\n    return tiny_config(**{model!r})\n"
+    )
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
+    return subprocess.run(
+        [sys.executable, "-m", module, f"--config={config}", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
