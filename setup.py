@@ -12,8 +12,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["maelm_jax", "maelm_jax.*", "configs"]),
+    # jax 0.11 needs Python 3.12 and ran the step unchanged on an H200 (docs/results.md):
+    # Python 3.12 gets it, 3.11 (CI) the last release it can install, 0.10.2.
     install_requires=[
-        "jax>=0.10.2,<0.11",
+        "jax>=0.10.2,<0.12",
         "flax>=0.12.8,<0.13",
         "optax>=0.2.8,<0.3",
         "orbax-checkpoint>=0.12.8,<0.13",
@@ -27,8 +29,10 @@ setup(
         "numpy>=2.0",
     ],
     extras_require={
+        # NVIDIA GPUs (CUDA 13 wheels; docs/results.md was measured on jax 0.11.2).
+        "gpu": ["jax[cuda13]>=0.10.2,<0.12"],
         # Cloud TPU VMs; also lets `python -m maelm_jax.compile` target TPUs from a CPU host.
-        "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+        "tpu": ["jax[tpu]>=0.10.2,<0.12"],
         # Checkpoint export to HuggingFace (`python -m maelm_jax.export`). On CPU-only
         # machines install the CPU wheel first (pip install torch==2.13.0 --index-url
         # https://download.pytorch.org/whl/cpu): a bare torch requirement pulls CUDA wheels.
@@ -61,7 +65,7 @@ setup(
             "pytest>=8",
             "pytest-xdist>=3.5",
             "ruff>=0.6",
-            "jax[tpu]>=0.10.2,<0.11",
+            "jax[tpu]>=0.10.2,<0.12",
             "torch==2.13.0",
             "transformers>=5.0,<6",
             "safetensors>=0.4",

@@ -57,6 +57,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.batch_size = 2048  # global, across all processes
     c.num_train_steps = 2_000_000
     c.seed = 0
+    # The generator of the dropout masks (the masking stays threefry): "threefry" (jax's
+    # default, the same bits on every backend) | "rbg" | "unsafe_rbg" (XLA's RngBitGenerator,
+    # as MaxText and t5x configure it: far cheaper masks on GPUs, bits that depend on the
+    # backend and XLA version) | "auto" (unsafe_rbg on GPU, threefry elsewhere). Every
+    # choice is a pure function of (seed, step), so a resumed run draws the masks an
+    # uninterrupted one would on the same backend and jax version (docs/results.md).
+    c.dropout_rng_impl = "auto"
 
     c.model = ml_collections.ConfigDict()
     c.model.num_layers = 12
@@ -87,6 +94,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.decoder_relative_attention = False
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True
+    # Layers per iteration of the scanned stack's loop (the parameters stay stacked either
+    # way, so checkpoints move between settings): 0 picks by platform, every layer on a GPU
+    # (one straight-line program: an H200 ran mlm_base unrolled at 274k tokens/s against
+    # 230k in a loop, whose per-iteration slices and stacks are device copies) and 1
+    # elsewhere (a TPU compiles one layer and its estimates were measured so).
+    c.model.scan_unroll = 0
     # "none" | "full" | "dots_saveable" (keep every weight matmul's output) | "dots_but_query"
     # (the same but the query projection, recomputed: maelm_jax/model/remat.py)
     c.model.remat_policy = "none"
@@ -101,11 +114,14 @@ def get_config() -> ml_collections.ConfigDict:
     # recomputed in the backward pass, so no [batch, k, vocab] logits exist
     # (maelm_jax/model/loss.py).
     c.model.lm_head_chunk = 0
-    # Attention without a bias or probability dropout through a fused kernel: "auto" (splash
-    # on TPU, cuDNN on GPU, xla on CPU) | "splash" | "cudnn" | "xla"; the rest always on xla.
-    # "xla" by default: no kernel has been timed on a device yet, and splash as integrated
-    # holds more memory, not less (README, "Fused attention").
-    c.model.attention_impl = "xla"
+    # Attention through a fused kernel: "auto" (cuDNN on GPU; xla on TPU, where splash is
+    # untimed and holds more memory, and on CPU) |
+    # "cudnn" (every attention without probability dropout: bias, segments and window
+    # included; model/kernels/cudnn.py) | "splash" (attentions without a bias or dropout)
+    # | "xla"; what a kernel does not take runs on xla. The TPU estimates (`compile`,
+    # `flops`) count the xla path whatever this says: XLA's cost model sees nothing inside a
+    # kernel (aot/compile_step.py).
+    c.model.attention_impl = "auto"
     # True: q.k scores in float32 even in a bfloat16 model (the softmax always is); False is
     # t5x's and MaxText's default and cuts a third of an attention layer's time on a TPU.
     c.model.float32_attention_logits = False

@@ -31,6 +31,9 @@ def _modern(c, layers, hidden, heads, mlp):
     c.model.dropout_rate = 0.0
     c.model.attention_dropout_rate = 0.0
     c.model.layer_norm_epsilon = 1e-5
+    # A loop over the layers, also on GPU: the unrolled 22-layer stack did not finish
+    # compiling and timing within 130 s on an H200 (docs/results.md).
+    c.model.scan_unroll = 1
     c.seq_len = 1024
     c.batch_size = 4096
     c.vocab_size = 50_368  # ModernBERT's vocabulary size (the model pads to 50,432)
@@ -38,9 +41,20 @@ def _modern(c, layers, hidden, heads, mlp):
 
 
 def base_model(c):
-    """ModernBERT-base's shape on config `c` (an objective's paper config)."""
+    """ModernBERT-base's shape on config `c` (an objective's paper config).
+
+    Memory: at 32 x 1024 each layer kept ~2.5 GiB for its backward pass (150.7 GiB for the
+    step as XLA's CPU compiler lays it out; an H200 ran out of memory asking for 104.6).
+    Keeping only the weight matmuls' outputs and, on the XLA attention path, building the
+    scores 256 queries at a time brings the step to 24.8 GiB (MAE-LM's, with its decoder
+    keeping everything, 28.7); on an H200, where cuDNN's kernel never builds the scores,
+    modern_mlm_base peaked at 14.0 GiB (docs/results.md). Where memory is plentiful,
+    `--config.model.remat_policy=none` spares the recomputation.
+    """
     c = _modern(c, 22, 768, 12, 1152)
     c.learning_rate = 8e-4
+    c.model.remat_policy = "dots_saveable"
+    c.model.attention_query_chunk = 256
     return c
 
 

@@ -4,15 +4,21 @@
         --batch_size=8 [--rounds=8 --steps=5] [--dtype=float32] [--json]
     python -m maelm_jax.bench checkpoint --configs=mae_lm_base
     python -m maelm_jax.bench input [--sizes_mb=4,40] [--configs=mae_lm_large] [--json]
+    python -m maelm_jax.bench kernels --configs=mlm_base --batch_size=64 --seq_len=512 \
+        --steps=3 [--top=15] [--logdir=DIR] [--json]
 
 `speed`: the real sharded train step against this machine's matmul rate
 (`maelm_jax/training/step_speed.py`); `checkpoint`: a save and a restore of a state the
 size of the config's (`maelm_jax/checkpoints/save_speed.py`); `input`: the data side on
 synthetic corpora of `--sizes_mb` (`maelm_jax/data/input_speed.py`), next to the tokens/s a
 v5p host's step of the first of `--configs` (default there: mae_lm_large) consumes at the
-chips' peak. FLOPs per step by method and region: `python -m maelm_jax.flops`.
+chips' peak; `kernels`: a `jax.profiler` trace of `--steps` steps of each config's real train
+step, summed up by kernel (GPU) or XLA op (CPU) and by category (matmul, attention,
+scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/kernels/`). FLOPs
+per step by method and region: `python -m maelm_jax.flops`.
 """
 
+import dataclasses
 import importlib
 import json
 import os
@@ -28,6 +34,7 @@ from maelm_jax.checkpoints import save_speed
 from maelm_jax.data import input_speed, preparation, prepared
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.hardware import tpu_chips
+from maelm_jax.kernels import summary, trace_files
 from maelm_jax.model import flop_count
 from maelm_jax.run_config import RunConfig
 from maelm_jax.training import metric_logging, step_speed
@@ -43,7 +50,11 @@ flags.DEFINE_integer(
     lower_bound=1,
 )
 flags.DEFINE_integer("seq_len", None, "Sequence length; default: each config's own.", lower_bound=2)
-flags.DEFINE_integer("steps", 5, "`speed`: timed steps per config and round.", lower_bound=1)
+flags.DEFINE_integer(
+    "steps", 5, "`speed`: timed steps per config and round; `kernels`: traced steps.", 1
+)
+flags.DEFINE_integer("top", 15, "`kernels`: kernels listed (the categories cover all).", 1)
+flags.DEFINE_string("logdir", None, "`kernels`: where the traces go; default: a new temp dir.")
 flags.DEFINE_integer(
     "rounds", 8, "`speed`: rounds, each timing every config in turn.", lower_bound=1
 )
@@ -59,10 +70,14 @@ flags.DEFINE_list("sizes_mb", ["4", "40"], "`input`: synthetic corpus sizes, MB 
 flags.DEFINE_integer("input_steps", 200, "`input`: batches drawn to time the pipeline.", 1)
 flags.DEFINE_string("input_dir", None, "`input`: where corpora go; default: a new temp dir.")
 flags.DEFINE_integer("hosts", 8, "`input`: hosts sharing the global batch (v5p-64: 8).", 1)
+_CONFIG_NAMES = sorted(
+    p.stem for p in _CONFIGS_DIR.glob("*.py") if "\ndef get_config(" in p.read_text()
+)
 flags.register_validator(
     "configs",
-    lambda names: all((_CONFIGS_DIR / f"{name}.py").is_file() for name in names),
-    message=f"--configs names a config that is not in {_CONFIGS_DIR}",
+    lambda names: all(name in _CONFIG_NAMES for name in names),
+    message=f"--configs names a config that is not in {_CONFIGS_DIR}; the configs there: "
+    + ", ".join(_CONFIG_NAMES),
 )
 FLAGS = flags.FLAGS
 
@@ -90,6 +105,26 @@ def run_speed() -> None:
     runs = {name: _config(name, dtype) for name in FLAGS.configs}
     result = step_speed.measure(runs, FLAGS.steps, FLAGS.rounds)
     print(json.dumps(result) if FLAGS.json else step_speed.format_result(result))
+
+
+def run_kernels() -> None:
+    """Each config's step traced and summed up by kernel and category (`maelm_jax/kernels/`)."""
+    dtype = _speed_dtype()
+    root = FLAGS.logdir or tempfile.mkdtemp(prefix="maelm_jax_kernels_")
+    found = {}
+    for name in FLAGS.configs:
+        logdir = os.path.join(root, name)
+        xplane, wall_ms = trace_files.trace_steps(_config(name, dtype), FLAGS.steps, logdir)
+        found[name] = dataclasses.replace(
+            trace_files.summarise_trace(xplane, FLAGS.steps, jax.local_device_count()),
+            wall_ms_per_step=wall_ms,
+            device_kind=jax.devices()[0].device_kind,
+        )
+        if not FLAGS.json:
+            print(f"== {name}\n{summary.format_summary(found[name], FLAGS.top)}")
+            print(f"XProf trace in {logdir} (xprof --logdir={logdir})\n")
+    if FLAGS.json:
+        print(json.dumps({name: s.to_json(FLAGS.top) for name, s in found.items()}))
 
 
 def run_checkpoint() -> None:
@@ -161,12 +196,20 @@ def run_input() -> None:
 
 def main(argv):
     metric_logging.quiet_library_logs()
-    commands = {"speed": run_speed, "checkpoint": run_checkpoint, "input": run_input}
-    if len(argv) != 2 or argv[1] not in commands:
-        raise app.UsageError(
-            f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags] "
-            "(FLOPs per step: python -m maelm_jax.flops --config=...)"
-        )
+    commands = {
+        "speed": run_speed,
+        "checkpoint": run_checkpoint,
+        "input": run_input,
+        "kernels": run_kernels,
+    }
+    usage = (
+        f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags] "
+        "(FLOPs per step: python -m maelm_jax.flops --config=...)"
+    )
+    if len(argv) == 2 and argv[1] not in commands:
+        raise app.UsageError(f"no benchmark {argv[1]!r}; {usage}")
+    if len(argv) != 2:
+        raise app.UsageError(usage)
     commands[argv[1]]()
 
 

@@ -11,6 +11,7 @@ from maelm_jax.run_config import (
     ATTENTION_IMPLS,
     BACKBONES,
     DECODERS,
+    DROPOUT_RNG_IMPLS,
     DTYPES,
     MASK_TOKEN_SOURCES,
     NONFINITE_POLICIES,
@@ -75,6 +76,7 @@ RULES: dict[str, Rule] = {
     "batch_size": at_least(1),
     "num_train_steps": at_least(1),
     "seed": integer(),
+    "dropout_rng_impl": one_of(DROPOUT_RNG_IMPLS),
     "grad_accum_steps": at_least(1),
     "learning_rate": at_least(0.0, integer=False),
     "warmup_steps": at_least(0),
@@ -129,4 +131,5 @@ RULES: dict[str, Rule] = {
     "model.local_attention": at_least(2),
     "model.global_attention_every_n_layers": at_least(1),
     "model.local_attention_block": at_least(1),
+    "model.scan_unroll": at_least(0),
 }

@@ -201,6 +201,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             local_attention=m.local_attention,
             global_attention_every_n_layers=m.global_attention_every_n_layers,
             local_attention_block=m.local_attention_block,
+            scan_unroll=m.scan_unroll,
         ),
         masking=MaskingSettings(
             objective=config.objective,
@@ -247,6 +248,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             peak_flops_per_device=config.peak_flops_per_device,
             inject_nan_at_step=config.inject_nan_at_step,
             init_from=config.init_from or None,
+            dropout_rng_impl=config.dropout_rng_impl,
         ),
         checkpoint=CheckpointConfig(
             every_steps=config.checkpoint_every_steps,
@@ -297,6 +299,7 @@ _BEFORE_KEY_EXISTED = {
     "local_attention": 128,
     "global_attention_every_n_layers": 3,
     "local_attention_block": 128,
+    "scan_unroll": 1,
 }
 
 

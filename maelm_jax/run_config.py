@@ -24,12 +24,23 @@ PACKINGS = ("segmented", "concatenated")  # see model/positions/segments.py
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform
 TABLE_GATHERS = ("auto", "always", "never")  # see ModelConfig.for_embedding_shards
+DROPOUT_RNG_IMPLS = ("auto", "threefry", "rbg", "unsafe_rbg")  # see dropout_rng_impl_for
 # A TPU vector register's minor dimension: an embedding slice narrower than this per chip
 # pads to it in the sharded lookup's relayout (encoder.TokenEmbedding).
 TPU_LANES = 128
 BACKBONES = ("roberta", "modern")  # see configs/base.py
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 VOCAB_MULTIPLE = 128
+# `scan_unroll` 0 on a GPU: more layers than any stack has, so every stack runs unrolled.
+GPU_UNROLL = 1 << 16
+
+
+def dropout_rng_impl_for(impl: str, platform: str | None) -> str:
+    """The dropout generator `impl` ("auto" or a jax PRNG implementation's name) names on
+    `platform`'s devices: "auto" is unsafe_rbg on GPU, threefry elsewhere (configs/base.py)."""
+    if impl != "auto":
+        return impl
+    return "unsafe_rbg" if platform == "gpu" else "threefry"
 
 
 class ConfigError(ValueError):
@@ -87,6 +98,12 @@ class ModelConfig:
     local_attention: int = 128  # a local query sees keys within local_attention // 2
     global_attention_every_n_layers: int = 3
     local_attention_block: int = 128  # queries per block of a local layer (attention.py)
+    scan_unroll: int = 1  # layers per loop iteration of a scanned stack; 0: `for_platform`
+
+    def layers_per_iteration(self, num_layers: int) -> int:
+        """What `nn.scan` unrolls for a stack of `num_layers`: `scan_unroll` layers, all of
+        them where it is 0 ("auto" not made concrete: one) or larger than the stack."""
+        return max(1, min(self.scan_unroll or 1, num_layers))
 
     @property
     def modern(self) -> bool:
@@ -98,13 +115,15 @@ class ModelConfig:
 
     def for_platform(self, platform: str) -> "ModelConfig":
         """This model on `platform`'s devices ("tpu", "gpu", "cpu"): `attention_impl` "auto"
-        becomes splash on TPU, cuDNN on GPU and xla elsewhere; an explicit kernel must run
-        where it exists (splash runs on CPU, in the Pallas interpreter, for tests). Until
-        then "auto" computes as "xla", so a model built without devices in mind (export,
-        analysis) is the XLA one."""
+        becomes cuDNN on GPU (timed there: docs/results.md) and xla elsewhere, TPUs included
+        until splash is timed on one (as integrated it holds more memory, not less: README,
+        "Fused attention"); an explicit kernel must run where it exists (splash runs on CPU,
+        in the Pallas interpreter, for tests). Until then "auto" computes as "xla", so a
+        model built without devices in mind (export, analysis) is the XLA one.
+        `scan_unroll` 0 becomes every layer on GPU, else 1."""
         impl = self.attention_impl
         if impl == "auto":
-            impl = {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")
+            impl = "cudnn" if platform == "gpu" else "xla"
         kernel_platforms = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",)}
         if platform not in kernel_platforms.get(impl, (platform,)):
             raise ConfigError(
@@ -112,7 +131,10 @@ class ModelConfig:
                 f"'auto' or 'xla' (splash: TPU, cudnn: GPU)"
             )
         interpret = impl == "splash" and platform == "cpu"
-        return dataclasses.replace(self, attention_impl=impl, kernel_interpret=interpret)
+        unroll = self.scan_unroll or (GPU_UNROLL if platform == "gpu" else 1)
+        return dataclasses.replace(
+            self, attention_impl=impl, kernel_interpret=interpret, scan_unroll=unroll
+        )
 
     def for_embedding_shards(self, shards: int) -> "ModelConfig":
         """This model with the embedding axis split `shards` ways: `gather_embedding_table`
@@ -236,6 +258,7 @@ class LoopConfig:
     peak_flops_per_device: float  # 0: look the device up (hardware/accelerators.py)
     inject_nan_at_step: int  # fault injection for tests; -1: never
     init_from: str | None  # a checkpoint directory: weights only, step 0
+    dropout_rng_impl: str = "threefry"  # DROPOUT_RNG_IMPLS; `dropout_rng_impl_for` resolves
 
 
 @dataclasses.dataclass(frozen=True)

@@ -213,8 +213,15 @@ def test_compile_bad_flags_are_one_line(case):
 
 
 BENCH_CASES = {
-    "unknown_command": (["nope"], ["usage: python -m maelm_jax.bench {speed|checkpoint|input}"]),
-    "unknown_config": (["flops", "--configs=nope"], ["--configs names a config that is not in"]),
+    "unknown_command": (
+        ["fly"],
+        ["no benchmark 'fly'", "usage: python -m maelm_jax.bench {speed|checkpoint|input|kernels}"],
+    ),
+    # The configs it could have named, runnable ones only (configs/modern.py is a helper).
+    "unknown_config": (
+        ["speed", "--configs=nope"],
+        ["--configs names a config that is not in", "configs there: base, default, mae_lm_base,"],
+    ),
     # --steps=0 and --seq_len=1 are refused by the same flag bounds.
     "negative_batch": (["speed", "--batch_size=-8"], ["--batch_size=-8", "not a positive integer"]),
 }

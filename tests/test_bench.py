@@ -6,6 +6,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 from test_bad_input import assert_one_line_error, run_command
 
 from maelm_jax import configuration
@@ -53,6 +54,8 @@ def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():
             < 1e-6 * row["tokens_per_sec"]
         )
         assert row["of_matmul"] > 0 and row["model_tflops_per_sec"] > 0
+        assert row["mfu"] is None  # a CPU has no published peak
+    assert report["device_peak_gib"] is None  # nor a memory count
     default_config = importlib.import_module("configs.default").get_config().model
     assert report["matmul"]["shape"] == [
         ARGS["seq_len"] * ARGS["batch_size"],
@@ -93,3 +96,21 @@ def test_a_program_read_from_the_persistent_cache_counts_as_a_compile():
         jax.clear_caches()  # the next call finds it only on disk
     assert len(hits) == 1  # the second call was served from the cache...
     assert np.diff(counts).tolist() == [1, 1]  # ...and still counts as a compile
+
+
+@pytest.mark.parametrize(
+    "device_kind, bf16_peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA L4", 121e12),
+        ("TPU v4", 275e12),
+        ("TPU v5 lite", 197e12),
+        ("TPU v5p", 459e12),
+        ("TPU v6 lite", 918e12),
+    ],
+)
+def test_mfu_divides_by_the_devices_published_bf16_peak(device_kind, bf16_peak):
+    assert step_speed.mfu(0.5 * bf16_peak * 4, device_kind, "bfloat16", 4) == pytest.approx(0.5)
+    assert step_speed.mfu(1e12, "cpu", "bfloat16", 1) is None

@@ -251,10 +251,10 @@ def test_step_time_of_alternating_global_and_local_layers_is_the_deep_programs()
 
 @needs_libtpu
 def test_the_step_compiles_for_tpu_with_splash_where_no_bias_or_dropout_needs_xla():
-    """attention_impl "auto" on v5p devices: the decoder (no bias, no dropout) runs splash,
-    a Mosaic kernel in the compiled step; "xla" leaves none."""
+    """attention_impl "splash" on v5p devices: the decoder (no bias, no dropout) runs splash,
+    a Mosaic kernel in the compiled step; "xla" (and "auto", on a TPU) leaves none."""
     hlo = {}
-    for impl in ("auto", "xla"):
+    for impl in ("splash", "xla"):
         c = tiny_config("mae_lm", "self", 32, attention_impl=impl, relative_attention_buckets=8)
         c.model.decoder_relative_attention = False
         run = configuration.freeze(c)
@@ -262,5 +262,5 @@ def test_the_step_compiles_for_tpu_with_splash_where_no_bias_or_dropout_needs_xl
         compiled, oom, _, _ = compile_step.compile_step(run, devices, compile_step.FAST)
         assert oom is None
         hlo[impl] = compiled.as_text()
-    assert "splash_mha_fwd" in hlo["auto"] and "splash_mha_dkv" in hlo["auto"]
+    assert "splash_mha_fwd" in hlo["splash"] and "splash_mha_dkv" in hlo["splash"]
     assert "tpu_custom_call" not in hlo["xla"]

@@ -54,7 +54,7 @@ def test_every_script_parses_has_help_and_passes_shellcheck():
         pathlib.Path(sys.executable).with_name("shellcheck")
     )
     result = subprocess.run(
-        [shellcheck, "-x", *sorted(str(p) for p in LAUNCH.glob("*.sh"))],
+        [shellcheck, "-x", *sorted(str(p) for p in LAUNCH.glob("**/*.sh"))],
         capture_output=True,
         text=True,
         cwd="/",
@@ -327,3 +327,17 @@ def test_worker_start_records_the_trainer_and_copies_its_log(tmp_path):
     [log] = (workdir / "logs").iterdir()
     assert "maelm_jax: error: batch_size=0 is not allowed" in log.read_text()
     assert launch("worker.sh", "status", env=env).returncode == 1  # not running, not finished
+
+
+def test_the_gpu_bench_refuses_an_unknown_part_before_it_runs_anything(tmp_path):
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "gpu" / "bench.sh"), str(tmp_path / "out"), "-", "tests,kernals"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "unknown part 'kernals': use a comma-separated list of "
+        "tests,roberta,peers,modern,modern32,before,variants,kernels"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -20,7 +20,7 @@ LAYERS = (
     ("hardware",),
     ("model", "data"),
     ("configuration", "config_rules"),
-    ("training", "checkpoints", "aot", "hf", "inspection"),
+    ("training", "checkpoints", "aot", "hf", "inspection", "kernels"),
     ("cli", *COMMANDS),
 )
 # Rooms of one layer that must not know each other: the network never reads text files,

@@ -44,6 +44,7 @@ REPRESENTED_FIELDS = {
     "mask_token_source",
     "dtype",
     "scan_layers",
+    "scan_unroll",
     "remat_policy",
     "decoder_remat_policy",
     "attention_query_chunk",

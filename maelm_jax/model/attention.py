@@ -25,9 +25,11 @@ Contiguous positions (MLM, the self-attention decoder) share one [1, N, T, S] bi
 the batch. The cost of holding it (a bf16 [B, N, T, S]) is ~3% of MAE-LM large's largest
 batch; `model.relative_bias_once=False` keeps the factored form per query block instead.
 
-`model.attention_impl` puts attentions without a bias or probability dropout through a
-fused kernel (splash on TPU, cuDNN on GPU: `AttentionOptions`); the rest stay on the XLA
-path below, where dropout drops the probabilities as fairseq does.
+`model.attention_impl` puts attentions through a fused kernel (`AttentionOptions`): cuDNN
+on GPU takes every attention without probability dropout (bias, segments and local windows
+as an additive mask; model/kernels/cudnn.py), splash on TPU those without a bias or
+dropout. The rest stay on the XLA path below, where dropout drops the probabilities as
+fairseq does.
 """
 
 import dataclasses
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.model import logical_axes as ax
+from maelm_jax.model.kernels.choice import XLA_PATH, AttentionOptions
 from maelm_jax.model.positions.relative_bias import RelativeBias, StackBias
 from maelm_jax.model.positions.rotary import Window, rotate
 from maelm_jax.model.remat import saved
@@ -107,6 +110,7 @@ class MultiHeadAttention(nn.Module):
             cfg.attention_impl,
             cfg.kernel_interpret,
             jnp.float32 if cfg.float32_attention_logits else None,
+            dropout_rng is None,
         )
         out = attend(
             q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk, options, window
@@ -178,22 +182,6 @@ def _dense(bias, dtype):
     return None if bias is None else bias.astype(dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class AttentionOptions:
-    """How `attend` computes: `impl` "splash" (Pallas, TPU) or "cudnn" (GPU) serves every
-    attention without a bias or probability dropout, "xla" the rest (and everything with
-    impl "xla"); `interpret` runs a Pallas kernel in the interpreter (CPU tests);
-    `logits_dtype` None: the queries' dtype."""
-
-    impl: str = "xla"
-    interpret: bool = False
-    logits_dtype: object = None
-
-    def fused(self, bias, dropout_rng) -> bool:
-        kernel = self.impl in ("splash", "cudnn")  # "auto" not yet made concrete: xla
-        return kernel and bias is None and dropout_rng is None
-
-
 def attend(
     q,
     k,
@@ -204,7 +192,7 @@ def attend(
     dropout_rate=0.0,
     dropout_rng=None,
     query_chunk: int = 0,
-    options: AttentionOptions = AttentionOptions(),
+    options: AttentionOptions = XLA_PATH,
     window: Window | None = None,
 ):
     """q [B, T, N, H], k and v [B, S, N, H], segment ids [B, T] and [B, S], bias (a
@@ -222,6 +210,11 @@ def attend(
     the global computation (a kernel where `options` has one) or the local one per layer.
     """
     args = (q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng)
+    if window is not None and options.dense_local(q.shape[1], window):
+        # One kernel call for global and local layers alike: the window's mask already
+        # lifts itself where the layer is global, so a scanned stack needs no `cond`.
+        dense = _dense(bias, q.dtype)
+        return _attend_block(*args[:5], dense, dropout_rate, dropout_rng, options, window)
     if window is not None and not isinstance(window.is_global, bool):
         return jax.lax.cond(
             window.is_global,
@@ -357,14 +350,18 @@ def _attend_block(
     passes, and a bias or mask added to them split the fusion (README, "Three clocks"). The
     softmax itself runs in float32. The segment mask is additive so it fuses like the bias.
     """
-    if window is None and options.fused(bias, dropout_rng):
-        if options.impl == "splash":
-            from maelm_jax.model.fused_attention import splash_attend
+    if options.impl == "cudnn" and dropout_rng is None:
+        from maelm_jax.model.kernels.cudnn import cudnn_attend
 
-            return splash_attend(q, k, v, query_segments, key_segments, interpret=options.interpret)
         mask = segment_mask(query_segments, key_segments)
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+        if window is not None:
+            mask = mask & window.mask()
+        out = cudnn_attend(q, k, v, mask, bias)
         return _zero_rows_without_keys(out, mask)
+    if window is None and options.fused(bias, dropout_rng):
+        from maelm_jax.model.kernels.splash import splash_attend
+
+        return splash_attend(q, k, v, query_segments, key_segments, interpret=options.interpret)
     mask = segment_mask(query_segments, key_segments)
     if window is not None:
         mask = mask & window.mask()

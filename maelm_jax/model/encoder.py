@@ -7,7 +7,10 @@ where configured), the modern one through rotations at those positions
 (model/positions/rotary.py). This encoder is what survives pretraining and is exported.
 """
 
+import functools
+
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from maelm_jax.model import logical_axes as ax
@@ -30,12 +33,54 @@ def stack_bias_of(config: ModelConfig, bias):
     return stack_bias(bias, config.dtype, config.attention_query_chunk, config.relative_bias_once)
 
 
-class TokenEmbedding(nn.Embed):
-    """`nn.Embed` that can look tokens up in a copy of the table gathered whole over its
-    (fsdp-sharded) embedding axis (`model.gather_embedding_table`); `attend`, the tied LM
-    head, reads the sharded table either way. The same values.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def take_rows(table, ids, dtype, gathered_names=None):
+    """`table[ids]` in `dtype`, read from `table` cast to `dtype` (constrained to
+    `gathered_names` first where given), with the table's gradient summed in float32.
 
-    Why: looking up in the sharded table, XLA's partitioner has every chip gather every
+    Why not plain `jnp.take`: differentiated, it scatter-adds one row per token into a
+    table-shaped array of the dtype it read, bfloat16 in a bfloat16 model. A GPU has no
+    bfloat16 atomic add, so XLA serialises that scatter: on an H200 it was 61 of 195 ms of
+    mlm_base's step (../shared/gpu-h200-20261126). Here the forward pass is the same lookup,
+    and the backward pass is a float32 scatter-add that returns the float32 gradient as is,
+    without the bfloat16 rounding the plain form applies to every row's sum.
+    """
+    return _take_forward(table, ids, dtype, gathered_names)
+
+
+def _take_forward(table, ids, dtype, gathered_names):
+    cast = jnp.asarray(table, dtype)
+    if gathered_names is not None:
+        cast = ax.constrain(cast, gathered_names)
+    return jnp.take(cast, ids, axis=0)
+
+
+def _take_rows_fwd(table, ids, dtype, gathered_names):
+    # A zero-width array of the table's rows and dtype: the backward pass's shape, for free.
+    return _take_forward(table, ids, dtype, gathered_names), (
+        ids,
+        jnp.zeros((table.shape[0], 0), table.dtype),
+    )
+
+
+def _take_rows_bwd(dtype, gathered_names, residuals, g):
+    del dtype, gathered_names
+    ids, like = residuals
+    grad = jnp.zeros((like.shape[0], g.shape[-1]), jnp.float32)
+    grad = grad.at[ids].add(g.astype(jnp.float32), mode="promise_in_bounds")
+    return grad.astype(like.dtype), None
+
+
+take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
+class TokenEmbedding(nn.Embed):
+    """`nn.Embed` whose lookup sums the table's gradient in float32 (`take_rows`) and can
+    read a copy of the table gathered whole over its (fsdp-sharded) embedding axis
+    (`model.gather_embedding_table`); `attend`, the tied LM head, reads the sharded table
+    either way. The same values.
+
+    Why gather: looking up in the sharded table, XLA's partitioner has every chip gather every
     token of the global batch, one slice of the embedding each, and transpose the vectors
     back to batch shards. Where a chip's slice is narrow (32 of 1024 for the large configs
     on v5p-64) that relayout pads to 128 lanes and libtpu compiles it to a program larger
@@ -49,12 +94,8 @@ class TokenEmbedding(nn.Embed):
     gather_table: bool = False
 
     def __call__(self, inputs):
-        if not self.gather_table:
-            return super().__call__(inputs)
-        table = ax.constrain(
-            jnp.asarray(self.embedding, self.dtype), ("activation_vocab", "activation_embed")
-        )
-        return jnp.take(table, inputs, axis=0)
+        names = ("activation_vocab", "activation_embed") if self.gather_table else None
+        return take_rows(self.embedding, inputs, jnp.dtype(self.dtype), names)
 
 
 class PositionEmbedding(nn.Module):

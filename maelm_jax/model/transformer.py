@@ -163,6 +163,7 @@ def apply_layers(
             split_rngs={"params": True, "dropout": True},
             in_axes=(0,) * indexed + (nn.broadcast,) * len(shared),
             length=num_layers,
+            unroll=config.layers_per_iteration(num_layers),
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         index = (jnp.arange(num_layers, dtype=jnp.int32),) * indexed

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 from maelm_jax.model.masked_lm import MaskedLM
-from maelm_jax.run_config import MaskingConfig, ModelConfig, RunConfig
+from maelm_jax.run_config import MaskingConfig, ModelConfig, RunConfig, dropout_rng_impl_for
 from maelm_jax.training import optimizer, sharding, train_state, train_step
 
 
@@ -104,6 +104,7 @@ def build(run: RunConfig, mesh: Mesh, vocab_size: int) -> Programs:
         seed=run.seed,
         grad_accum_steps=run.loop.grad_accum_steps,
         inject_nan_at_step=run.loop.inject_nan_at_step,
+        dropout_rng_impl=dropout_rng_impl_for(run.loop.dropout_rng_impl, platform),
     )
     evaluate = functools.partial(
         train_step.eval_step, model=model, masking_cfg=masking_cfg, seed=run.seed

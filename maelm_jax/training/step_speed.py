@@ -6,8 +6,11 @@ and then a plain `jnp.dot` of the first config's MLP shape ([batch x seq, hidden
 [hidden, mlp]) in the same process, so load from elsewhere lands on all of them alike, and
 the medians over rounds are reported. "of matmul" is the model's FLOP/s (`flop_count`'s
 analytic FLOPs: what the model needs, not what remat recomputes) over that matmul rate:
-the share of the step that runs at matmul speed. A compile after the first step counts as
-a recompile (there should be none).
+the share of the step that runs at matmul speed. "MFU" is the same FLOP/s over the device's
+published peak (hardware/accelerators.py: H100, H200, A100, L4, TPU v4, v5e, v5p, v6e; none
+for a CPU). A compile after the first step counts as a recompile (there should be none).
+The devices' peak memory (where the backend reports it) is the process's: run one config
+per process to read one config's.
 """
 
 import statistics
@@ -18,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
+from maelm_jax.hardware import accelerators
 from maelm_jax.model import flop_count
 from maelm_jax.run_config import RunConfig
 from maelm_jax.training import programs, sharding, train
@@ -59,7 +63,7 @@ class _CompileCounter:
         jax.monitoring.register_event_duration_secs_listener(listen)
 
 
-class _Timed:
+class Timed:
     """One config's train step, compiled, with its state and a batch."""
 
     def __init__(self, name: str, config: RunConfig):
@@ -126,7 +130,7 @@ def measure(runs: dict[str, RunConfig], steps: int, rounds: int) -> dict:
     """Times `steps` steps of each run per round, `rounds` times, beside the matmul of the
     first run's MLP shape; {"configs": one row per run, "matmul": its rate, ...}."""
     _CompileCounter.install()
-    timed = [_Timed(name, run) for name, run in runs.items()]
+    timed = [Timed(name, run) for name, run in runs.items()]
     first = timed[0]
     matmul_dtype = first.dtype
     matmul = _Matmul(first.config, matmul_dtype, first.mesh)
@@ -136,6 +140,7 @@ def measure(runs: dict[str, RunConfig], steps: int, rounds: int) -> dict:
             t.seconds.append(t.run(steps))
         matmul.round()
     recompiles = _CompileCounter.count - compiles_before
+    device_kind = jax.devices()[0].device_kind
     rows = []
     for t in timed:
         step_s = [s / steps for s in t.seconds]
@@ -152,6 +157,9 @@ def measure(runs: dict[str, RunConfig], steps: int, rounds: int) -> dict:
                 "of_matmul": statistics.median(
                     r / m for r, m in zip(rates, matmul.rates, strict=True)
                 ),
+                "mfu": mfu(
+                    statistics.median(rates), device_kind, t.dtype, len(t.mesh.devices.flat)
+                ),
                 "flops_per_step": t.flops,
                 "flops_vs_first": t.flops / first.flops,
                 "step_time_vs_first": statistics.median(
@@ -163,7 +171,8 @@ def measure(runs: dict[str, RunConfig], steps: int, rounds: int) -> dict:
         "batch_size": first.config.batch_size,
         "seq_len": first.config.seq_len,
         "devices": len(first.mesh.devices.flat),
-        "device_kind": jax.devices()[0].device_kind,
+        "device_kind": device_kind,
+        "device_peak_gib": _peak_memory_gib(),
         "rounds": rounds,
         "steps_per_round": steps,
         "matmul": {
@@ -176,6 +185,21 @@ def measure(runs: dict[str, RunConfig], steps: int, rounds: int) -> dict:
     }
 
 
+def mfu(flops_per_sec: float, device_kind: str, dtype: str, devices: int) -> float | None:
+    """Model FLOP/s over `devices` devices' published peak in `dtype`; None where the table
+    has no such device (CPUs)."""
+    peak = accelerators.peak_flops(device_kind, dtype)
+    return None if peak is None else flops_per_sec / (peak * devices)
+
+
+def _peak_memory_gib() -> float | None:
+    """The largest peak of bytes in use over the local devices since the process started;
+    None where the backend keeps no such count (the CPU)."""
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    peaks = [s.get("peak_bytes_in_use") for s in stats if s]
+    return max(peaks) / 2**30 if peaks and None not in peaks else None
+
+
 def format_result(result: dict) -> str:
     m, e, f = result["matmul"]["shape"]
     lines = [
@@ -184,15 +208,20 @@ def format_result(result: dict) -> str:
         f"{result['steps_per_round']} steps per config, each round then the matmul; medians",
         f"matmul: jnp.dot [{m}, {e}] x [{e}, {f}] {result['matmul']['dtype']}: "
         f"{result['matmul']['tflops_per_sec']:.4g} TFLOP/s",
-        f"FLOPs and time ratios are to {result['configs'][0]['config']}",
+        f"FLOPs and time ratios are to {result['configs'][0]['config']}; MFU against the "
+        "device's published peak (- where unknown)",
         f"{'config':<22}{'dtype':>9}{'compile s':>10}{'steps/s':>9}{'tokens/s':>10}"
-        f"{'model TFLOP/s':>15}{'of matmul':>11}{'FLOPs ratio':>13}{'time ratio':>12}",
+        f"{'model TFLOP/s':>15}{'of matmul':>11}{'MFU':>7}{'FLOPs ratio':>13}{'time ratio':>12}",
     ]
     for r in result["configs"]:
+        mfu_text = "-" if r["mfu"] is None else f"{r['mfu']:.3f}"
         lines.append(
             f"{r['config']:<22}{r['dtype']:>9}{r['compile_s']:>10.1f}{r['steps_per_sec']:>9.3f}"
             f"{r['tokens_per_sec']:>10,.0f}{r['model_tflops_per_sec']:>15.4g}"
-            f"{r['of_matmul']:>11.3f}{r['flops_vs_first']:>13.3f}{r['step_time_vs_first']:>12.3f}"
+            f"{r['of_matmul']:>11.3f}{mfu_text:>7}{r['flops_vs_first']:>13.3f}"
+            f"{r['step_time_vs_first']:>12.3f}"
         )
     lines.append(f"recompiles after the first step: {result['recompiles']}")
+    if result.get("device_peak_gib") is not None:
+        lines.append(f"device memory, peak of the process: {result['device_peak_gib']:.2f} GiB")
     return "\n".join(lines)

@@ -22,9 +22,22 @@ from maelm_jax.training.train_state import TrainState
 _EVAL_STREAM = 0x5EED  # eval masks come from their own stream, fixed for the whole run
 
 
-def step_rngs(seed: int, step: jax.Array):
-    """(mask_rng, dropout_rng) for one step; a pure function of (seed, step)."""
-    return jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), step))
+def step_rngs(seed: int, step: jax.Array, dropout_rng_impl: str = "threefry"):
+    """(mask_rng, dropout_rng) for one step; a pure function of (seed, step).
+
+    The dropout key is of `dropout_rng_impl` (a jax PRNG implementation): with "threefry" it
+    is the threefry key it always was; otherwise a typed key of that implementation whose
+    seed words are drawn from the threefry one, so it too depends on (seed, step) alone.
+    Dropout draws a mask per layer of [B, T, E] bits (and [B, N, T, S] on XLA's attention
+    path), and threefry's hash is most of a GPU step's elementwise time; XLA's
+    RngBitGenerator ("rbg", "unsafe_rbg") makes the same bits at memory speed.
+    """
+    mask_rng, dropout_rng = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), step))
+    if dropout_rng_impl != "threefry":
+        words = jax.random.key_data(jax.random.key(0, impl=dropout_rng_impl)).shape
+        seed_words = jax.random.bits(dropout_rng, words, jnp.uint32)
+        dropout_rng = jax.random.wrap_key_data(seed_words, impl=dropout_rng_impl)
+    return mask_rng, dropout_rng
 
 
 def _microbatches(tree, num: int):
@@ -81,6 +94,7 @@ def train_step(
     seed: int,
     grad_accum_steps: int = 1,
     inject_nan_at_step: int = -1,
+    dropout_rng_impl: str = "threefry",
 ):
     """One optimizer update on the global batch {"input_ids": [B, L] int32}.
 
@@ -91,7 +105,7 @@ def train_step(
     state kept, `skipped_updates` incremented); the host decides whether that stops the run.
     `inject_nan_at_step` exists for fault-injection tests only.
     """
-    mask_rng, dropout_rng = step_rngs(seed, state.step)
+    mask_rng, dropout_rng = step_rngs(seed, state.step, dropout_rng_impl)
     masked = masking.mask_batch(mask_rng, batch["input_ids"], masking_cfg)
     grad_fn = jax.grad(loss_sums, has_aux=True)
 

@@ -1,16 +1,16 @@
-"""`python -m maelm_jax.profile` on a tiny config, as a user runs it: the kernel summary of a
-traced train step adds up, is sorted, finds the step's matmuls and survives its JSON; the
-categoriser on names the GPU and CPU backends really use; bad input is one line."""
+"""`python -m maelm_jax.bench kernels` on the demo config at a tiny batch, as a user runs
+it: the kernel summary of a traced train step adds up, is sorted, finds the step's matmuls
+and survives its JSON; the categoriser on names the GPU and CPU backends really use; bad
+input is one line."""
 
 import json
 import types
 
 import pytest
-from process_runs import process_env
 from test_bad_input import assert_one_line_error, run_command
-from tiny_configs import run_command_on_tiny
 
-from maelm_jax.training import kernel_summary as ks
+from maelm_jax.kernels import summary as ks
+from maelm_jax.kernels import trace_files
 
 STEPS, TOP = 3, 10
 
@@ -55,21 +55,24 @@ def test_nested_ops_count_their_self_time():
     )
     line = types.SimpleNamespace(events=[ev("while.1", 0, 100), ev("dot.2", 10, 30),
                                          ev("add.3", 50, 20), ev("copy.4", 100, 5)])  # fmt: skip
-    got = {e.name: e.self_ns for e in ks._self_times(line, "cpu:0", require_hlo_op=True)}
+    got = {e.name: e.self_ns for e in trace_files._self_times(line, "cpu:0", require_hlo_op=True)}
     assert got == {"while.1": 50, "dot.2": 30, "add.3": 20, "copy.4": 5}
 
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    """(the command's JSON, its trace dir): 3 traced steps on one CPU device."""
-    root = tmp_path_factory.mktemp("profile")
-    logdir = root / "trace"
-    result = run_command_on_tiny(
-        "maelm_jax.profile", root, {}, f"--steps={STEPS}", f"--top={TOP}", "--json",
-        f"--logdir={logdir}", env={"XLA_FLAGS": process_env(1)["XLA_FLAGS"]},
+    """(the command's JSON for the demo config, its trace dir): 3 traced steps on one CPU
+    device."""
+    logdir = tmp_path_factory.mktemp("kernels")
+    result = run_command(
+        [
+            "maelm_jax.bench", "kernels", "--configs=default", "--batch_size=2",
+            "--seq_len=32", f"--steps={STEPS}", f"--top={TOP}", "--json", f"--logdir={logdir}",
+        ],
+        timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1]), logdir
+    return json.loads(result.stdout.strip().splitlines()[-1])["default"], logdir / "default"
 
 
 def test_summary_adds_up_and_is_sorted(profiled):
@@ -79,9 +82,9 @@ def test_summary_adds_up_and_is_sorted(profiled):
     assert [c["category"] for c in out["categories"]] == list(ks.CATEGORIES)
     total = sum(c["ms_per_step"] for c in out["categories"])
     assert total == pytest.approx(out["total_ms_per_step"], rel=1e-9)
-    # One device runs its ops one after another: their time is most of the wall step,
-    # and never much more (a nested op counted twice would be).
-    assert 0.3 * out["wall_ms_per_step"] < out["total_ms_per_step"] < 1.5 * out["wall_ms_per_step"]
+    # The op times cover most of the wall step; XLA:CPU runs independent ops of one device
+    # at once on this machine's 2 cores, so their sum may pass the wall time, not 3x it.
+    assert 0.3 * out["wall_ms_per_step"] < out["total_ms_per_step"] < 3 * out["wall_ms_per_step"]
     times = [r["ms_per_step"] for r in out["rows"]]
     assert len(times) == TOP < out["num_kernels"] and times == sorted(times, reverse=True)
     assert "host:CPU" in out["source"]  # xprof's tables hold nothing for a CPU trace
@@ -90,9 +93,9 @@ def test_summary_adds_up_and_is_sorted(profiled):
 def test_the_steps_matmuls_are_found(profiled):
     out, _ = profiled
     matmul = {c["category"]: c for c in out["categories"]}["matmul"]
-    # Per step: 2 encoder + 1 decoder layers, each >= 6 dots forward (q, k, v, scores,
-    # values, out, 2 MLP) and twice that backward.
-    assert matmul["share"] > 0.05 and matmul["count_per_step"] >= 3 * 6 * 3
+    # Per step: the demo's 4 encoder layers alone each make >= 6 dots forward (q, k, v,
+    # scores, values, out, 2 MLP) and twice that backward.
+    assert matmul["share"] > 0.05 and matmul["count_per_step"] >= 4 * 6 * 3
     assert any(r["category"] == "matmul" for r in out["rows"])
 
 
@@ -104,14 +107,14 @@ def test_json_rebuilds_the_same_rows(profiled):
     for r in out["rows"]:
         assert f"{r['category']:<15}{r['name']}" in text
     # The trace on disk gives the same table again (the summary is a pure function of it).
-    again = ks.summarise_trace(ks.find_xplane(logdir), STEPS, devices=1)
+    again = trace_files.summarise_trace(trace_files.find_xplane(logdir), STEPS, devices=1)
     assert again.rows[:TOP] == summary.rows and again.num_kernels == out["num_kernels"]
 
 
 @pytest.mark.parametrize(
     ("args", "fragment"),
-    [(["--steps=0"], "--steps"), (["--config=/no/such/config.py"], "no such file")],
+    [(["--steps=0"], "--steps"), (["--configs=no_such_config"], "no_such_config")],
 )
 def test_bad_input_is_one_line(args, fragment):
-    result = run_command(["maelm_jax.profile", "--config=configs/mlm_base.py", *args])
-    assert_one_line_error(result, 2, fragment, prog="maelm_jax.profile")
+    result = run_command(["maelm_jax.bench", "kernels", "--configs=mlm_base", *args])
+    assert_one_line_error(result, 2, fragment, prog="maelm_jax.bench")

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU measurements behind docs/results.md, on one NVIDIA GPU, in named parts:
+#   tests     tests/test_cudnn_attention.py: cuDNN's attention against the XLA path
+#   roberta   the train step per method at 64 x 512 (mlm_base first: the ratios are to it)
+#   peers     HuggingFace PyTorch RobertaForMaskedLM at 64 x 512, ModernBertForMaskedLM at
+#             8 x 1024 and 32 x 1024: the "ours / HF" denominators
+#   modern    the modern backbone's methods at 8 x 1024
+#   modern32  modern_mlm_base at 32 x 1024, one process per setting, for its peak memory
+#   before    mlm_base as the checkout BEFORE runs it (skipped without one)
+#   variants  mlm_base with one GPU default undone at a time
+#   kernels   python -m maelm_jax.bench kernels on mlm_base: the kernels by category
+# Each part has a time limit and the next runs whatever happened. Everything lands in
+# OUTDIR/log.txt and OUTDIR/results.tgz (every part's JSON).
+#
+# Usage: bash launch/gpu/bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,PART,...]
+# Default parts: all, about 17 minutes on an H200 (each roberta-size config compiles in
+# ~30 s); a lease of 15 minutes of device time takes them in two or three calls.
+# Needs python3 with jax[cuda], flax, optax, orbax-checkpoint, sentencepiece, ml-collections,
+# clu, torch and transformers; TensorFlow is not needed (jax_speed.py stands in for it).
+set -uo pipefail
+
+all=tests,roberta,peers,modern,modern32,before,variants,kernels
+out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
+before=${2:--}
+parts=,${3:-$all},
+for name in ${parts//,/ }; do
+  if [[ ,$all, != *,$name,* ]]; then
+    echo "unknown part '$name': use a comma-separated list of $all" >&2
+    exit 2
+  fi
+done
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+results=$out/results
+mkdir -p "$results"
+exec > >(tee -a "$out/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+
+wanted() { [[ $parts == *,$1,* ]]; }
+
+part() {  # part SECONDS NAME COMMAND...: runs COMMAND under a time limit, says how it went
+  local limit=$1 name=$2 start=$SECONDS
+  shift 2
+  echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
+  timeout "$limit" "$@"
+  echo "=== $name: exit $?, $((SECONDS - start)) s"
+}
+
+speed=(python3 "$here/jax_speed.py")  # PROJECT OUTDIR GROUP...: groups on a checkout
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import jax, flax, torch, transformers; print("jax", jax.__version__, "flax",
+flax.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'
+
+if wanted tests; then
+  # No conftest: it sets the CPU test session's XLA flags.
+  part 120 tests env JAX_PLATFORMS=cuda python3 -m pytest -q -rA -o addopts="" \
+    -p no:cacheprovider --noconftest "$repo/tests/test_cudnn_attention.py"
+fi
+if wanted roberta; then
+  part 300 roberta "${speed[@]}" "$repo" "$results" \
+    roberta=mlm_base+mae_lm_base+three_ml_self_base+three_ml_cross_base@64x512
+fi
+if wanted peers; then
+  # Each peer at its counterpart's vocabulary: configs/base.py's 32768, modern.py's 50368.
+  part 60 "peers: RoBERTa" python3 "$here/torch_peer.py" "$results" 32768 \
+    roberta=roberta-base@64x512
+  part 80 "peers: ModernBERT" python3 "$here/torch_peer.py" "$results" 50368 \
+    mb8=modernbert-base@8x1024 mb32=modernbert-base@32x1024
+fi
+if wanted modern; then
+  part 240 modern "${speed[@]}" "$repo" "$results" \
+    modern8=modern_mlm_base+modern_mae_lm_base+modern_three_ml_self_base+modern_three_ml_cross_base@8x1024
+fi
+if wanted modern32; then
+  part 90 "modern32: as shipped" "${speed[@]}" "$repo" "$results" \
+    modern32=modern_mlm_base@32x1024
+  part 120 "modern32: no remat" "${speed[@]}" "$repo" "$results" \
+    modern32_noremat=modern_mlm_base:model.remat_policy=none@32x1024
+fi
+if wanted before && [[ $before != - ]]; then
+  part 90 before "${speed[@]}" "$before" "$results" before=mlm_base@64x512
+fi
+if wanted variants; then
+  part 240 variants "${speed[@]}" "$repo" "$results" \
+    variants=mlm_base+mlm_base:dropout_rng_impl=threefry+mlm_base:model.scan_unroll=1+mlm_base:model.attention_dropout_rate=0.0
+fi
+if wanted kernels; then
+  part 120 kernels python3 "$here/kernel_table.py" "$repo" "$results" \
+    --configs=mlm_base --batch_size=64 --seq_len=512 --steps=3 --top=15
+fi
+
+tar -czf "$out/results.tgz" -C "$out" results
+echo "=== done $(date -u +%H:%M:%S)"
