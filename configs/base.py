@@ -137,15 +137,15 @@ def get_config() -> ml_collections.ConfigDict:
     # table is gathered whole in the compute dtype first and each chip looks up its own rows.
     # "always" wins where a chip's slice is narrow (under 128 lanes: the large configs on
     # v5p-64 hold 32 of 1024, base on v5p-64 24 of 768), "never" where it is wide (base on
-    # v5p-8: 192 of 768); "auto" picks by that width on the run's mesh (README, "Pod
-    # preflight").
+    # v5p-8: 192 of 768); "auto" picks by that width on the run's mesh (docs/results.md,
+    # "Pod preflight").
     c.model.gather_embedding_table = "auto"
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
     # "roberta": the papers' post-LN encoder with learned absolute positions (and the T5
     # bias where configured). "modern": ModernBERT's (pre-LN, bias-free, GeGLU with mlp_dim
     # the GLU's width, rotary positions, alternating global/local attention; configs/modern_*,
-    # README "Two backbones"). The keys below apply to "modern" only.
+    # docs/design.md). The keys below apply to "modern" only.
     c.model.backbone = "roberta"
     c.model.rope_theta_global = 160_000.0  # the global layers' rotary base
     c.model.rope_theta_local = 10_000.0  # the local layers'
@@ -223,10 +223,10 @@ def use_large_model(
     `dots_saveable` against 9.4 ms without (v5p-8, 64 rows per chip): recomputing the
     attention of every layer was a quarter of the step. On v5p-64, mlm_large at 8192 in 8
     micro-batches: 59.68 GiB per chip, estimated MFU 58.0% (49.1% with the settings below);
-    mae_lm_large at 2048 in 2: 65.56 GiB, 54.7% (39.8%) (README, "Three clocks").
+    mae_lm_large at 2048 in 2: 65.56 GiB, 54.7% (39.8%) (docs/results.md, "Pod preflight").
 
     For the most rows per chip instead (a smaller slice, or `compile --max_batch`), the
-    settings the large configs had before (README, "Memory headroom"):
+    settings the large configs had before (docs/results.md, "Memory headroom"):
     `--config.model.remat_policy=dots_saveable --config.model.decoder_remat_policy=full
     --config.model.attention_query_chunk=128 --config.grad_accum_steps=1`. The LM head runs
     in blocks of 32 slots either way: its [B, k, vocab] float32 logits are the largest array

@@ -6,7 +6,8 @@ Chosen so the eval loss falls well below `eval/unigram_loss` (the eval data's ow
 entropy, unigram.py) within minutes on a 2-core CPU. A 1024-piece vocabulary splits most
 words into pieces that their neighbours predict. Two switches the paper configs leave off
 get a short run off the unigram plateau, where every all-[MASK] objective otherwise sits for
-hundreds of steps (README, "What the default run shows"): relative biases that start local
+hundreds of steps (README, "What the default run shows"; docs/results.md): relative biases
+that start local
 (`relative_attention_init_slope`) and the decoder's own relative bias
 (`decoder_relative_attention`; the decoder is dropped after pretraining, so export is
 unchanged). Measured on the default's blocks, eval loss at step 300: 5.53 without them,

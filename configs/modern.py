@@ -5,7 +5,7 @@ transformers' `ModernBertConfig` defaults give base): base 22 layers x 768 (12 h
 width 1152), large 28 x 1024 (16 heads, 2624); every third layer global from the first,
 local window 128, rotary bases 160k (global) and 10k (local), LayerNorm eps 1e-5, no
 dropout. Sequence 1024, with room for 8192 positions: `--config.seq_len=8192` is the
-long-context variant (model/positions/rotary.py; README "Two backbones").
+long-context variant (model/positions/rotary.py; docs/design.md).
 
 Training recipe: ModernBERT trained with StableAdamW, a warmup-stable-decay schedule and
 30% MLM masking; the optimizer and schedule here stay the project's AdamW with linear decay

@@ -3,8 +3,8 @@
 configs/default.py's run (corpus, tokenizer, batch, schedule) with the encoder and decoder of
 configs/modern.py at a demo's size: 4 layers (global, local, local, global) with a 32-token
 window on 128-token blocks. The roberta default needs its local-starting relative bias to
-leave the unigram plateau within minutes; rotary positions need no such help (README,
-"Two backbones": the curve).
+leave the unigram plateau within minutes; rotary positions need no such help (docs/results.md,
+"The modern backbone's demo": the curve).
 """
 
 from configs import default

@@ -17,7 +17,7 @@ Effort: by default (`--effort=fast`) the compile asks libtpu for less work on th
 speed (XLA's `exec_time_optimization_effort=-1`; memory fitting as usual): mae_lm_large on
 v5p-64 compiles in about 105 s instead of 152 to 174 s on a 2-core CPU. Its memory is not
 quite the training compile's: a full compile's scheduler spends spare HBM (on overlap), so
-its total is higher, by 0.4% to 6.4% in the large configs measured (README, "Pod
+its total is higher, by 0.4% to 6.4% in the large configs measured (docs/results.md, "Pod
 preflight"). Where the verdict could turn on that, a fast total at `CONFIRM_SHARE` of HBM or
 more, or an out-of-memory, the step is compiled again at full effort and that compile's
 numbers are reported. `--effort=full` always compiles as training does; `--max_batch`

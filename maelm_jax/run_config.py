@@ -116,8 +116,9 @@ class ModelConfig:
     def for_platform(self, platform: str) -> "ModelConfig":
         """This model on `platform`'s devices ("tpu", "gpu", "cpu"): `attention_impl` "auto"
         becomes cuDNN on GPU (timed there: docs/results.md) and xla elsewhere, TPUs included
-        until splash is timed on one (as integrated it holds more memory, not less: README,
-        "Fused attention"); an explicit kernel must run where it exists (splash runs on CPU,
+        until splash is timed on one (as integrated it holds more memory, not less:
+        docs/results.md, "Splash attention's memory"); an explicit kernel must run where it
+        exists (splash runs on CPU,
         in the Pallas interpreter, for tests). Until then "auto" computes as "xla", so a
         model built without devices in mind (export, analysis) is the XLA one.
         `scan_unroll` 0 becomes every layer on GPU, else 1."""

@@ -2,7 +2,7 @@
 
 `python -m maelm_jax.export` copies this file into an export as `modeling_maelm.py` when the
 encoder uses the relative position bias, which no native HuggingFace class represents
-exactly (MPNet's bias uses T5's bucket function, see the README). It imports only torch and
+exactly (MPNet's bias uses T5's bucket function, see docs/export.md). It imports only torch and
 transformers, never maelm_jax: the export must load where maelm_jax is not installed.
 
 Everything but the bias is RoBERTa's own modules (embeddings, layers, LM and classification

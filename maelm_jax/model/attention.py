@@ -20,7 +20,7 @@ cut into the query blocks) and every layer adds it to its scores, inside the fus
 makes them; each layer's backward pass contracts its score gradient with the one-hot into
 the table's gradient (`StackBias`). Built per layer instead, the bias contraction (K
 buckets against N heads, as many FLOPs as K/H of the scores' matmul and a poor fit for the
-MXU) cost XLA's TPU model ~0.6 ms of a 2 ms layer of MAE-LM base (README, "Three clocks").
+MXU) cost XLA's TPU model ~0.6 ms of a 2 ms layer of MAE-LM base (docs/results.md).
 Contiguous positions (MLM, the self-attention decoder) share one [1, N, T, S] bias across
 the batch. The cost of holding it (a bf16 [B, N, T, S]) is ~3% of MAE-LM large's largest
 batch; `model.relative_bias_once=False` keeps the factored form per query block instead.
@@ -347,7 +347,7 @@ def _attend_block(
     The scores are the product of `options.logits_dtype` (bf16 in a bf16 model, t5x's and
     MaxText's default): XLA's TPU model put float32 scores at a third of an attention layer's
     time, for the extra bytes of a [B, N, T, S] float32 array written and read in both
-    passes, and a bias or mask added to them split the fusion (README, "Three clocks"). The
+    passes, and a bias or mask added to them split the fusion (docs/results.md). The
     softmax itself runs in float32. The segment mask is additive so it fuses like the bias.
     """
     if options.impl == "cudnn" and dropout_rng is None:

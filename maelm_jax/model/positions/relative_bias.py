@@ -130,8 +130,9 @@ def _contract(buckets, table, dtype):
 
     Why a contraction: a lookup in the table is a gather per score, and its gradient a
     scatter-add with colliding indices, which a TPU serialises; XLA's cost model put the
-    MAE-LM base step at 2.8x MLM's time for 1.12x its FLOPs that way (README, "Three
-    clocks"). Why in `dtype`, with the key axis ahead of the query axis: XLA's TPU layout
+    MAE-LM base step at 2.8x MLM's time for 1.12x its FLOPs that way (docs/results.md,
+    "The methods at base size"). Why in `dtype`, with the key axis ahead of the query axis:
+    XLA's TPU layout
     then matches the scores', and each layer adds the bias inside the fusion that makes
     its scores. Made in float32 and cast, the bias was held in float32 in the one-hot
     contraction's layout, and every layer transposed its scores to add it: 0.18 ms of
@@ -197,7 +198,8 @@ def relative_bias_init(config: ModelConfig):
     Why the prior exists: with a table near zero, attention starts uniform, and a position-
     selective pattern has to emerge from learned absolute positions before any neighbour's
     identity reaches a [MASK] slot. An all-[MASK] objective has no other signal, so a short
-    run sits on the unigram loss (README, "What the default run shows"); starting local removes
+    run sits on the unigram loss (docs/results.md, "Why the default's relative biases start
+    local"); starting local removes
     that plateau. Far buckets start near exp(-slope * distance), so long-range use must be
     learned.
     """
