@@ -231,7 +231,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW and its schedule (training/optimizer.py)."""
+    """AdamW and its schedule (step/optimizer.py)."""
 
     learning_rate: float
     warmup_steps: int

@@ -37,7 +37,8 @@ from maelm_jax.checkpoints.save_errors import NonFiniteStateError
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
 from maelm_jax.run_config import ConfigError
-from maelm_jax.training import metric_logging, programs, sharding, train
+from maelm_jax.step import programs, sharding
+from maelm_jax.training import metric_logging, train
 
 STEPS = 32
 EVERY = 8

@@ -110,7 +110,7 @@ def test_the_programs_resolve_auto_for_their_mesh():
     """Hidden 64 split 8 ways (fsdp) is narrow; kept whole on each device (data) it is not."""
     import jax
 
-    from maelm_jax.training import programs, sharding
+    from maelm_jax.step import programs, sharding
 
     c = tiny_config(hidden_size=64)
     assert c.model.gather_embedding_table == "auto"  # configs/base.py's

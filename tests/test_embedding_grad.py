@@ -11,7 +11,7 @@ from tiny_configs import tiny_config
 
 from maelm_jax import configuration
 from maelm_jax.model.encoder import take_rows
-from maelm_jax.training import programs, sharding
+from maelm_jax.step import programs, sharding
 
 # `"stablehlo.scatter"(...) ({ region }) : (operand, indices, updates) -> result`
 SCATTER = re.compile(r'"stablehlo\.scatter".*?\}\) : \(tensor<([^>]*)>', re.DOTALL)

@@ -376,7 +376,7 @@ def test_lm_head_in_blocks_gives_the_same_sums_and_gradients(objective, decoder)
     """lm_head_chunk: the k = 8 slots in blocks of 3 (the last padded with weight-0 slots)
     give the training loss's sums and gradients of the whole [B, k, V] logits, and the
     blocked program never holds them."""
-    from maelm_jax.training.train_step import loss_sums
+    from maelm_jax.step.train_step import loss_sums
 
     model, params, batch = build(objective, decoder)
     blocked = MaskedLM(frozen(tiny_config(objective, decoder, SEQ, lm_head_chunk=3))[0], PAD_ID)

@@ -28,7 +28,8 @@ from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.documents import _held_out, read_documents
 from maelm_jax.data.packing import CACHE_DIRNAME, pack_documents
 from maelm_jax.run_config import RunConfig
-from maelm_jax.training import metric_logging, programs, sharding, train
+from maelm_jax.step import programs, sharding
+from maelm_jax.training import metric_logging, train
 
 STEPS = 8
 PROCESSES = 2

@@ -15,7 +15,7 @@ from maelm_jax import configuration
 from maelm_jax.model.attention import AttentionOptions
 from maelm_jax.model.positions.rotary import Window
 from maelm_jax.run_config import GPU_UNROLL, dropout_rng_impl_for
-from maelm_jax.training import programs, sharding, train_step
+from maelm_jax.step import programs, sharding, train_step
 
 
 @pytest.mark.parametrize(

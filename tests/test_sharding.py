@@ -14,7 +14,8 @@ from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
 from maelm_jax.model import logical_axes
 from maelm_jax.model.encoder import TokenEmbedding
 from maelm_jax.run_config import ConfigError
-from maelm_jax.training import programs, sharding, train
+from maelm_jax.step import programs, sharding
+from maelm_jax.training import train
 
 VOCAB = 300
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)]

@@ -6,7 +6,8 @@ from test_sharding import batch_rows
 from tiny_configs import tiny_config
 
 from maelm_jax import configuration
-from maelm_jax.training import optimizer, programs, sharding, train
+from maelm_jax.step import optimizer, programs, sharding
+from maelm_jax.training import train
 
 
 def two_updates(config):

@@ -9,7 +9,7 @@ from tiny_configs import frozen, tiny_config
 
 from maelm_jax.data import unigram
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from maelm_jax.training import train_step
+from maelm_jax.step import train_step
 
 A, B, C, D = 10, 11, 12, 13
 

@@ -9,7 +9,7 @@ import ml_collections
 
 from configs import default
 from maelm_jax import configuration
-from maelm_jax.training import programs
+from maelm_jax.step import programs
 
 VOCAB = 300
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

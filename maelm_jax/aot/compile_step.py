@@ -11,7 +11,7 @@ import jax
 
 from maelm_jax import configuration
 from maelm_jax.run_config import RunConfig
-from maelm_jax.training import programs, sharding
+from maelm_jax.step import programs, sharding
 
 FAST = {"exec_time_optimization_effort": -1.0}  # XLA's range is [-1, 1]; 0 is training's
 # The counting program's matmuls stay whole; the arithmetic is the same either way.

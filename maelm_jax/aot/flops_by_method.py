@@ -36,7 +36,7 @@ from maelm_jax.aot import compile_step as aot
 from maelm_jax.model import flop_count, loss
 from maelm_jax.model.masked_lm import init_inputs
 from maelm_jax.run_config import ConfigError, RunConfig
-from maelm_jax.training import optimizer, programs
+from maelm_jax.step import optimizer, programs
 
 # method -> (objective, mask_rate, decoder, decoder layers, relative position buckets):
 # the paper configs (configs/mlm_base.py, mae_lm_base.py, three_ml_*_base.py).

@@ -10,7 +10,7 @@ from maelm_jax import configuration
 from maelm_jax.aot.compile_step import compile_step
 from maelm_jax.aot.memory import memory_of
 from maelm_jax.run_config import RunConfig
-from maelm_jax.training import sharding
+from maelm_jax.step import sharding
 
 
 @dataclasses.dataclass(frozen=True)

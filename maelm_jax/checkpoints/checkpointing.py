@@ -43,7 +43,7 @@ from maelm_jax.checkpoints.save_errors import CheckpointSaveError, NonFiniteStat
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.hardware import multihost
 from maelm_jax.run_config import ConfigError, RunConfig
-from maelm_jax.training.train_state import TrainState
+from maelm_jax.step.train_state import TrainState
 
 _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 

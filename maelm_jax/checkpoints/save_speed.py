@@ -17,7 +17,7 @@ from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.model.masked_lm import count_params
 from maelm_jax.run_config import RunConfig
-from maelm_jax.training import programs, sharding
+from maelm_jax.step import programs, sharding
 
 
 def measure(config: RunConfig) -> dict:

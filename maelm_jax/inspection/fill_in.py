@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from maelm_jax.training import train_step
+from maelm_jax.step import train_step
 
 _SHOWN_TARGETS = 4  # masked pieces per passage
 _CONTEXT = 10  # pieces shown before the first masked one

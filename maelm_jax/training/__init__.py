@@ -1,1 +1,2 @@
-"""The sharded programs and the loop that runs them: step, state, optimizer, mesh."""
+"""The loop that runs the step's programs (`train`) and what it alone uses: metric logs,
+preemption, profiling, throughput; `step_speed` times the loop's step for `bench speed`."""

@@ -24,7 +24,8 @@ from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
 from maelm_jax.hardware import accelerators
 from maelm_jax.model import flop_count
 from maelm_jax.run_config import RunConfig
-from maelm_jax.training import programs, sharding, train
+from maelm_jax.step import programs, sharding
+from maelm_jax.training import train
 
 
 class DoesNotFit(Exception):

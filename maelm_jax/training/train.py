@@ -17,7 +17,8 @@ from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.hardware import multihost
 from maelm_jax.inspection import fill_in
 from maelm_jax.run_config import ConfigError, RunConfig
-from maelm_jax.training import metric_logging, profiling, programs, sharding, telemetry
+from maelm_jax.step import programs, sharding
+from maelm_jax.training import metric_logging, profiling, telemetry
 from maelm_jax.training.preemption import Interrupted, PreemptionWatcher
 
 

@@ -17,7 +17,7 @@ import optax
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model import loss, masking
 from maelm_jax.run_config import MaskingConfig
-from maelm_jax.training.train_state import TrainState
+from maelm_jax.step.train_state import TrainState
 
 _EVAL_STREAM = 0x5EED  # eval masks come from their own stream, fixed for the whole run
 

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 from maelm_jax.model.masked_lm import MaskedLM
 from maelm_jax.run_config import MaskingConfig, ModelConfig, RunConfig, dropout_rng_impl_for
-from maelm_jax.training import optimizer, sharding, train_state, train_step
+from maelm_jax.step import optimizer, sharding, train_state, train_step
 
 
 @dataclasses.dataclass(frozen=True)
