@@ -140,6 +140,12 @@ def get_config() -> ml_collections.ConfigDict:
     # v5p-8: 192 of 768); "auto" picks by that width on the run's mesh (docs/results.md,
     # "Pod preflight").
     c.model.gather_embedding_table = "auto"
+    # How the token lookup's gradient is summed: "float32" (encoder.take_rows: a float32
+    # scatter-add; a bfloat16 one was 61 of 195 ms of mlm_base's step on an H200, which has
+    # no bfloat16 atomic add) | "compute_dtype" (the plain lookup's: in the compute dtype) |
+    # "auto": compute_dtype on TPU, where XLA's cost model put the float32 form at 21.16
+    # against 20.92 ms for mlm_base on v5p-8 (docs/results.md), float32 elsewhere.
+    c.model.embedding_grad = "auto"
     c.model.layer_norm_epsilon = 1e-5
     c.model.init_std = 0.02
     # "roberta": the papers' post-LN encoder with learned absolute positions (and the T5
@@ -161,7 +167,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.local_attention_block = 128
 
     # Optimizer: AdamW with linear warmup and linear decay to zero; weight decay skips biases
-    # and LayerNorm (fairseq decays everything, see maelm_jax/training/optimizer.py).
+    # and LayerNorm (fairseq decays everything, see maelm_jax/step/optimizer.py).
     # max_grad_norm 0 turns clipping off.
     c.learning_rate = 2e-4
     c.warmup_steps = 10_000

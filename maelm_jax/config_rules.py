@@ -13,6 +13,7 @@ from maelm_jax.run_config import (
     DECODERS,
     DROPOUT_RNG_IMPLS,
     DTYPES,
+    EMBEDDING_GRADS,
     MASK_TOKEN_SOURCES,
     NONFINITE_POLICIES,
     OBJECTIVES,
@@ -132,4 +133,5 @@ RULES: dict[str, Rule] = {
     "model.global_attention_every_n_layers": at_least(1),
     "model.local_attention_block": at_least(1),
     "model.scan_unroll": at_least(0),
+    "model.embedding_grad": one_of(EMBEDDING_GRADS),
 }

@@ -202,6 +202,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             global_attention_every_n_layers=m.global_attention_every_n_layers,
             local_attention_block=m.local_attention_block,
             scan_unroll=m.scan_unroll,
+            embedding_grad=m.embedding_grad,
         ),
         masking=MaskingSettings(
             objective=config.objective,
@@ -300,6 +301,7 @@ _BEFORE_KEY_EXISTED = {
     "global_attention_every_n_layers": 3,
     "local_attention_block": 128,
     "scan_unroll": 1,
+    "embedding_grad": "compute_dtype",
 }
 
 

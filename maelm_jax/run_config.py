@@ -25,6 +25,7 @@ MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform
 TABLE_GATHERS = ("auto", "always", "never")  # see ModelConfig.for_embedding_shards
 DROPOUT_RNG_IMPLS = ("auto", "threefry", "rbg", "unsafe_rbg")  # see dropout_rng_impl_for
+EMBEDDING_GRADS = ("auto", "float32", "compute_dtype")  # see ModelConfig.for_platform
 # A TPU vector register's minor dimension: an embedding slice narrower than this per chip
 # pads to it in the sharded lookup's relayout (encoder.TokenEmbedding).
 TPU_LANES = 128
@@ -99,6 +100,8 @@ class ModelConfig:
     global_attention_every_n_layers: int = 3
     local_attention_block: int = 128  # queries per block of a local layer (attention.py)
     scan_unroll: int = 1  # layers per loop iteration of a scanned stack; 0: `for_platform`
+    # How the token embedding's gradient is summed (encoder.take_rows): EMBEDDING_GRADS.
+    embedding_grad: str = "compute_dtype"
 
     def layers_per_iteration(self, num_layers: int) -> int:
         """What `nn.scan` unrolls for a stack of `num_layers`: `scan_unroll` layers, all of
@@ -121,7 +124,8 @@ class ModelConfig:
         exists (splash runs on CPU,
         in the Pallas interpreter, for tests). Until then "auto" computes as "xla", so a
         model built without devices in mind (export, analysis) is the XLA one.
-        `scan_unroll` 0 becomes every layer on GPU, else 1."""
+        `scan_unroll` 0 becomes every layer on GPU, else 1; `embedding_grad` "auto" the
+        float32 sum except on TPU (configs/base.py says why)."""
         impl = self.attention_impl
         if impl == "auto":
             impl = "cudnn" if platform == "gpu" else "xla"
@@ -133,8 +137,15 @@ class ModelConfig:
             )
         interpret = impl == "splash" and platform == "cpu"
         unroll = self.scan_unroll or (GPU_UNROLL if platform == "gpu" else 1)
+        grad = self.embedding_grad
+        if grad == "auto":
+            grad = "compute_dtype" if platform == "tpu" else "float32"
         return dataclasses.replace(
-            self, attention_impl=impl, kernel_interpret=interpret, scan_unroll=unroll
+            self,
+            attention_impl=impl,
+            kernel_interpret=interpret,
+            scan_unroll=unroll,
+            embedding_grad=grad,
         )
 
     def for_embedding_shards(self, shards: int) -> "ModelConfig":

@@ -55,11 +55,14 @@ def test_take_rows_gradient_is_the_float32_sum_of_the_rows_cotangents(gathered):
     assert np.abs(expected[7]).max() > 1.0
 
 
-@pytest.mark.parametrize("objective", ["mlm", "mae_lm"])
-def test_lowered_train_step_has_no_bfloat16_scatter_of_the_table(objective):
+@pytest.mark.parametrize(
+    "objective,embedding_grad", [("mlm", "auto"), ("mae_lm", "auto"), ("mlm", "compute_dtype")]
+)
+def test_lowered_train_step_has_no_bfloat16_scatter_of_the_table(objective, embedding_grad):
     """mlm_base's step on an H200 spent 31% of its time in this scatter (issue #37); the
-    lowered text is what every backend compiles (the CPU widens bf16 scatters later)."""
-    config = tiny_config(objective, dtype="bfloat16")
+    lowered text is what every backend compiles (the CPU widens bf16 scatters later).
+    "compute_dtype" (TPU's "auto") keeps it, as the plain lookup has it."""
+    config = tiny_config(objective, dtype="bfloat16", embedding_grad=embedding_grad)
     run = configuration.freeze(config)
     mesh = sharding.create_mesh(run.mesh)
     progs = programs.build(run, mesh, 300)
@@ -68,5 +71,5 @@ def test_lowered_train_step_has_no_bfloat16_scatter_of_the_table(objective):
         text = text.as_text()
     vocab, width = progs.model_cfg.vocab_size, progs.model_cfg.hidden_size
     assert SCATTER.findall(text), "the step lost its embedding gradient"
-    assert not bf16_scatters_of_shape(text, vocab, width)
-    assert re.search(rf"tensor<{vocab}x{width}xf32>", text)
+    plain = embedding_grad == "compute_dtype"
+    assert bool(bf16_scatters_of_shape(text, vocab, width)) == plain

@@ -1,13 +1,13 @@
 """`python -m maelm_jax.bench kernels` on the demo config at a tiny batch, as a user runs
 it: the kernel summary of a traced train step adds up, is sorted, finds the step's matmuls
-and survives its JSON; the categoriser on names the GPU and CPU backends really use; bad
-input is one line."""
+and survives its JSON; the categoriser on names the GPU and CPU backends really use. (Its
+flags are bench's: tests/test_bad_input.py covers their bad values.)"""
 
 import json
 import types
 
 import pytest
-from test_bad_input import assert_one_line_error, run_command
+from test_bad_input import run_command
 
 from maelm_jax.kernels import summary as ks
 from maelm_jax.kernels import trace_files
@@ -109,12 +109,3 @@ def test_json_rebuilds_the_same_rows(profiled):
     # The trace on disk gives the same table again (the summary is a pure function of it).
     again = trace_files.summarise_trace(trace_files.find_xplane(logdir), STEPS, devices=1)
     assert again.rows[:TOP] == summary.rows and again.num_kernels == out["num_kernels"]
-
-
-@pytest.mark.parametrize(
-    ("args", "fragment"),
-    [(["--steps=0"], "--steps"), (["--configs=no_such_config"], "no_such_config")],
-)
-def test_bad_input_is_one_line(args, fragment):
-    result = run_command(["maelm_jax.bench", "kernels", "--configs=mlm_base", *args])
-    assert_one_line_error(result, 2, fragment, prog="maelm_jax.bench")

@@ -42,6 +42,20 @@ def test_dropout_rng_impl_is_made_concrete_for_the_devices(impl, platform, want)
     assert dropout_rng_impl_for(impl, platform) == want
 
 
+@pytest.mark.parametrize(
+    "grad,platform,want",
+    [
+        ("auto", "gpu", "float32"),
+        ("auto", "cpu", "float32"),
+        ("auto", "tpu", "compute_dtype"),  # XLA's TPU estimate prefers it (configs/base.py)
+        ("float32", "tpu", "float32"),
+    ],
+)
+def test_embedding_grad_is_made_concrete_for_the_devices(grad, platform, want):
+    model = dataclasses.replace(frozen(tiny_config())[0], embedding_grad=grad)
+    assert model.for_platform(platform).embedding_grad == want
+
+
 def test_a_bad_dropout_rng_impl_is_one_error_naming_the_choices():
     c = tiny_config()
     c.dropout_rng_impl = "philox"

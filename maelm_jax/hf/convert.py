@@ -45,6 +45,7 @@ REPRESENTED_FIELDS = {
     "dtype",
     "scan_layers",
     "scan_unroll",
+    "embedding_grad",  # how the gradient is summed, not what the lookup computes
     "remat_policy",
     "decoder_remat_policy",
     "attention_query_chunk",

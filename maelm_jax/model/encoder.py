@@ -75,7 +75,7 @@ take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 
 
 class TokenEmbedding(nn.Embed):
-    """`nn.Embed` whose lookup sums the table's gradient in float32 (`take_rows`) and can
+    """`nn.Embed` whose lookup can sum the table's gradient in float32 (`take_rows`) and
     read a copy of the table gathered whole over its (fsdp-sharded) embedding axis
     (`model.gather_embedding_table`); `attend`, the tied LM head, reads the sharded table
     either way. The same values.
@@ -92,10 +92,13 @@ class TokenEmbedding(nn.Embed):
     """
 
     gather_table: bool = False
+    float32_grad: bool = True  # model.embedding_grad: `take_rows`, or the plain lookup's
 
     def __call__(self, inputs):
         names = ("activation_vocab", "activation_embed") if self.gather_table else None
-        return take_rows(self.embedding, inputs, jnp.dtype(self.dtype), names)
+        if self.float32_grad:
+            return take_rows(self.embedding, inputs, jnp.dtype(self.dtype), names)
+        return _take_forward(self.embedding, inputs, jnp.dtype(self.dtype), names)
 
 
 class PositionEmbedding(nn.Module):

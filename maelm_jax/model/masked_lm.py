@@ -64,6 +64,7 @@ class MaskedLM(nn.Module):
             dtype=cfg.dtype,
             param_dtype=jnp.float32,
             gather_table=cfg.gather_embedding_table == "always",
+            float32_grad=cfg.embedding_grad != "compute_dtype",
         )
         self.encoder = Encoder(cfg)
         if cfg.objective == "mae_lm":
