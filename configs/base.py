@@ -141,8 +141,8 @@ def get_config() -> ml_collections.ConfigDict:
     # "Pod preflight").
     c.model.gather_embedding_table = "auto"
     # How the token lookup's gradient is summed: "float32" (encoder.take_rows: a float32
-    # scatter-add; a bfloat16 one was 61 of 195 ms of mlm_base's step on an H200, which has
-    # no bfloat16 atomic add) | "compute_dtype" (the plain lookup's: in the compute dtype) |
+    # scatter-add; the bfloat16 one was 61 of 195 ms of mlm_base's step on an H200) |
+    # "compute_dtype" (the plain lookup's: in the compute dtype) |
     # "auto": compute_dtype on TPU, where XLA's cost model put the float32 form at 21.16
     # against 20.92 ms for mlm_base on v5p-8 (docs/results.md), float32 elsewhere.
     c.model.embedding_grad = "auto"

@@ -121,9 +121,9 @@ class ModelConfig:
         becomes cuDNN on GPU (timed there: docs/results.md) and xla elsewhere, TPUs included
         until splash is timed on one (as integrated it holds more memory, not less:
         docs/results.md, "Splash attention's memory"); an explicit kernel must run where it
-        exists (splash runs on CPU,
-        in the Pallas interpreter, for tests). Until then "auto" computes as "xla", so a
-        model built without devices in mind (export, analysis) is the XLA one.
+        exists (splash runs on CPU, in the Pallas interpreter, for tests). Until then "auto"
+        computes as "xla", so a model built without devices in mind (export, analysis) is
+        the XLA one.
         `scan_unroll` 0 becomes every layer on GPU, else 1; `embedding_grad` "auto" the
         float32 sum except on TPU (configs/base.py says why)."""
         impl = self.attention_impl

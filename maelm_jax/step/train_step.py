@@ -29,8 +29,10 @@ def step_rngs(seed: int, step: jax.Array, dropout_rng_impl: str = "threefry"):
     is the threefry key it always was; otherwise a typed key of that implementation whose
     seed words are drawn from the threefry one, so it too depends on (seed, step) alone.
     Dropout draws a mask per layer of [B, T, E] bits (and [B, N, T, S] on XLA's attention
-    path), and threefry's hash is most of a GPU step's elementwise time; XLA's
-    RngBitGenerator ("rbg", "unsafe_rbg") makes the same bits at memory speed.
+    path); threefry's hash made them inside the elementwise fusions that were 27% of
+    mlm_base's step on an H200, and XLA's RngBitGenerator ("rbg", "unsafe_rbg") makes bits
+    with far less arithmetic (docs/results.md: the GPU default; its share was not timed
+    alone).
     """
     mask_rng, dropout_rng = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), step))
     if dropout_rng_impl != "threefry":
