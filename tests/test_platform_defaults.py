@@ -118,8 +118,7 @@ def test_cudnn_serves_every_attention_without_dropout():
     window = Window(np.arange(4)[None], np.arange(4)[None], False, half=64, block=128)
     assert cudnn.dense_local(1024, window)  # 4 spans of 256: one masked kernel call
     assert not cudnn.dense_local(8192, window)  # long context: blocks
-    dropping = dataclasses.replace(cudnn, dropout_free=False)
-    assert not dropping.dense_local(1024, window) and not AttentionOptions().dense_local(
+    assert not cudnn.dense_local(1024, window, rng) and not AttentionOptions().dense_local(
         1024, window
     )
 

@@ -110,7 +110,6 @@ class MultiHeadAttention(nn.Module):
             cfg.attention_impl,
             cfg.kernel_interpret,
             jnp.float32 if cfg.float32_attention_logits else None,
-            dropout_rng is None,
         )
         out = attend(
             q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk, options, window
@@ -210,7 +209,7 @@ def attend(
     the global computation (a kernel where `options` has one) or the local one per layer.
     """
     args = (q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng)
-    if window is not None and options.dense_local(q.shape[1], window):
+    if window is not None and options.dense_local(q.shape[1], window, dropout_rng):
         # One kernel call for global and local layers alike: the window's mask already
         # lifts itself where the layer is global, so a scanned stack needs no `cond`.
         dense = _dense(bias, q.dtype)

@@ -17,7 +17,6 @@ class AttentionOptions:
     impl: str = "xla"
     interpret: bool = False
     logits_dtype: object = None
-    dropout_free: bool = True  # the layer draws no attention dropout (dense_local needs it)
 
     def fused(self, bias, dropout_rng) -> bool:
         # "auto" not yet made concrete computes as "xla"
@@ -25,13 +24,14 @@ class AttentionOptions:
             return dropout_rng is None
         return self.impl == "splash" and bias is None and dropout_rng is None
 
-    def dense_local(self, length: int, window: Window) -> bool:
+    def dense_local(self, length: int, window: Window, dropout_rng=None) -> bool:
         """Whether a local layer of `length` queries runs as one masked kernel call rather
         than in blocks (`_attend_local`): cuDNN computes every score the mask hides, so only
         where the whole row is at most `KERNEL_LOCAL_SPANS` times what a block reaches
         (ModernBERT's 1024 tokens: 4 x 256)."""
         span = window.block + 2 * window.half
-        return self.impl == "cudnn" and length <= KERNEL_LOCAL_SPANS * span and self.dropout_free
+        fits = length <= KERNEL_LOCAL_SPANS * span
+        return self.fused(None, dropout_rng) and self.impl == "cudnn" and fits
 
 
 # A local layer up to this many block spans long runs as one masked cuDNN call (dense_local).
