@@ -162,7 +162,8 @@ def _size_row(root: pathlib.Path, megabytes: float) -> tuple[dict, object]:
         "--config.eval_every_steps=2", "--config.checkpoint_every_steps=2",
     ]  # fmt: skip
     runs = {}
-    for name, data_dir in (("cached_run", root / "unprepared"), ("prepared_run", root / "data")):
+    cases = (("unprepared_run", root / "unprepared"), ("prepared_run", root / "data"))
+    for name, data_dir in cases:
         flags_ = [f"--config.data_dir={data_dir}", f"--workdir={root / name}"]
         runs[name] = input_speed.run_and_measure(command + flags_, _CONFIGS_DIR.parent)
     mb = report["text_bytes"] / 1e6

@@ -49,7 +49,12 @@ def define_flags() -> None:
     flags.DEFINE_integer(
         "num_shards", NUM_SHARDS, "Shards per split; each host reads num_shards / hosts.", 1
     )
-    flags.DEFINE_integer("workers", None, "Packing processes; default: one per core.", 1)
+    flags.DEFINE_integer(
+        "workers",
+        None,
+        "Packing processes; default: one per 16 MB of text, at most one per core.",
+        1,
+    )
     flags.DEFINE_string(
         "beam_options",
         None,

@@ -23,6 +23,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="maelm_jax_xla_cache_")
     os.environ["MAELM_JAX_TEST_CACHE_OWNER"] = str(os.getpid())
+# Runs prepare their corpus next to the TFDS data (`data_dir`, else TFDS_DATA_DIR): one
+# folder for the session, so no test writes under the home directory's ~/tensorflow_datasets.
+if "MAELM_JAX_TEST_TFDS_OWNER" not in os.environ:
+    os.environ["TFDS_DATA_DIR"] = tempfile.mkdtemp(prefix="maelm_jax_tfds_")
+    os.environ["MAELM_JAX_TEST_TFDS_OWNER"] = str(os.getpid())
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,6 +44,8 @@ def pytest_unconfigure(config):
     del config
     if os.environ.get("MAELM_JAX_TEST_CACHE_OWNER") == str(os.getpid()):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    if os.environ.get("MAELM_JAX_TEST_TFDS_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["TFDS_DATA_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

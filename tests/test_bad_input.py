@@ -23,6 +23,7 @@ from maelm_jax import configuration
 from maelm_jax.checkpoints import workdir_lease
 from maelm_jax.data import documents
 from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.data.input_pipeline import load_tokenizer
 from maelm_jax.run_config import ConfigError
 
 STEPS = 24
@@ -287,4 +288,4 @@ def test_a_vocab_path_that_is_no_model_file_is_one_line(tmp_path, kind):
     path.mkdir() if kind == "a directory" else path.write_bytes(b"")
     config = configuration.freeze(config_of("text:/unused/*.txt", vocab_path=str(path))).data
     with pytest.raises(ConfigError, match=f"vocab_path='{path}' is {kind}; give a SentencePiece"):
-        tokenizer_lib.load_or_train(config, tmp_path / "run", lambda: iter(()))
+        load_tokenizer(config, tmp_path / "run")

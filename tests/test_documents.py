@@ -1,12 +1,13 @@
 """Documents: text files and TFDS shares per process, the eval hold-out, the cap, bad sources."""
 
 import collections
+import pathlib
 
 import pytest
 from text_corpora import data_config, sample_corpus
 
 from maelm_jax.data import default_corpus, documents
-from maelm_jax.data.documents import documents_fn, read_documents
+from maelm_jax.data.documents import read_documents, source_bytes
 from maelm_jax.run_config import ConfigError
 
 
@@ -67,12 +68,12 @@ def test_max_documents_caps_the_split_across_processes(corpus):
     assert len({d for s in shares for d in s}) == 7 and all(set(s) <= set(docs) for s in shares)
 
 
-def test_documents_fn_reads_the_training_documents(corpus):
-    pattern, docs = corpus
-    c = data_config(pattern)
-    read = list(documents_fn(c, 0)())
-    assert read == list(read_documents(c, "train", 0, 1))
-    assert set(read) < set(docs)
+def test_source_bytes_size_the_packing_job(corpus, python_docs_dir, tmp_path):
+    pattern, _ = corpus
+    files = sorted(pathlib.Path(pattern.removeprefix("text:")).parent.glob("*.txt"))
+    assert source_bytes(data_config(pattern)) == sum(f.stat().st_size for f in files)
+    assert source_bytes(data_config("python_docs", data_dir=python_docs_dir)) > 1e6
+    assert source_bytes(data_config("no_such_dataset_xyz", data_dir=str(tmp_path))) is None
 
 
 def test_unknown_tfds_name_is_a_config_error(tmp_path):

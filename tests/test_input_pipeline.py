@@ -1,13 +1,17 @@
-"""create_datasets: shapes, token counts, eval padding, the workdir cache, bad input."""
+"""create_datasets: shapes, token counts, eval padding, the corpus prepared once, bad input."""
+
+import os
 
 import numpy as np
 import pytest
 from text_corpora import data_config, sample_corpus, sample_document, write_corpus
 
+from maelm_jax.data import prepared, shards
 from maelm_jax.data import tokenizer as tok
-from maelm_jax.data.documents import documents_fn, read_documents
-from maelm_jax.data.input_pipeline import create_datasets
-from maelm_jax.data.packing import CACHE_DIRNAME
+from maelm_jax.data.documents import read_documents
+from maelm_jax.data.input_pipeline import create_datasets, load_tokenizer
+from maelm_jax.data.packing import pack_documents
+from maelm_jax.data.preparation import NUM_SHARDS
 from maelm_jax.run_config import ConfigError
 
 
@@ -43,35 +47,44 @@ def test_create_datasets_shapes_tokens_and_eval_padding(corpus, tokenizer, tmp_p
     c = data_config(pattern, eval_batches=40)
     data = create_datasets(c, tmp_path, tokenizer, process_index=1, process_count=2)
     assert data.train.batch(0).shape == (2, 16)
-    train_docs = list(read_documents(c, "train", 1, 2))
-    assert _documents_of(np.asarray(data.train.blocks)) == tokenizer.encode_batch(train_docs)
+    # Process 1 of 2 maps the odd shards of the corpus, each shard i the packed documents
+    # that a process i of NUM_SHARDS would read.
+    mine = range(1, NUM_SHARDS, 2)
+    train_docs = [d for i in mine for d in read_documents(c, "train", i, NUM_SHARDS)]
+    by_shard = [_documents_of(np.asarray(a)) for a in data.train.blocks.arrays]
+    assert [d for docs in by_shard for d in docs] == tokenizer.encode_batch(train_docs)
     expected_tokens = sum(len(tokenizer.encode(d)) + 1 for d in train_docs)
     assert data.train_tokens == expected_tokens + data.train_blocks  # + one <s> per block
     assert len(data.eval) == 40 and all(b.shape == (2, 16) for b in data.eval)
     rows = np.concatenate(data.eval)
     real, padding = rows[: data.eval_blocks], rows[data.eval_blocks :]
     assert len(padding) and (padding == tok.PAD_ID).all()
-    eval_docs = list(read_documents(c, "eval", 1, 2))
-    assert _documents_of(real) == tokenizer.encode_batch(eval_docs)
+    expected = [
+        pack_documents(tokenizer.encode_batch(list(read_documents(c, "eval", i, NUM_SHARDS))), 16)
+        for i in mine
+    ]
+    assert (real == np.concatenate(expected)).all()
     c = data_config(pattern, eval_batches=3)  # fewer rows than the eval blocks: the first ones
     few = create_datasets(c, tmp_path, tokenizer, process_index=1, process_count=2)
     assert (np.concatenate(few.eval) == real[:6]).all()
 
 
-def test_blocks_are_cached_in_the_workdir_and_reused(tokenizer, tmp_path):
+def test_the_corpus_is_prepared_once_beside_the_data_and_not_in_the_workdir(tokenizer, tmp_path):
     docs = [sample_document(i) for i in range(100, 130)]
     pattern = write_corpus(tmp_path / "corpus", docs)
-    c = data_config(pattern)
+    c = data_config(pattern, data_dir=str(tmp_path / "data"))
     first = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
-    cached = sorted((tmp_path / "work" / CACHE_DIRNAME).iterdir())
-    assert [p.suffix for p in cached] == [".npy", ".npy"]  # train and eval, no temp files
-    write_corpus(tmp_path / "corpus", [sample_document(i) for i in range(200, 230)])
-    resumed = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
-    assert (np.asarray(resumed.train.blocks) == np.asarray(first.train.blocks)).all()
-    c = data_config(pattern, seq_len=12)  # a new key: read the (changed) corpus again
-    changed = create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
-    assert changed.train.blocks.shape[1] == 12
-    assert len(list((tmp_path / "work" / CACHE_DIRNAME).iterdir())) == 4
+    found = shards.find(c, tokenizer.fingerprint, 1)
+    assert found is not None and found[0].parent == prepared.directory(c)
+    manifest = found[0] / shards.MANIFEST_FILENAME
+    written = os.stat(manifest).st_mtime_ns
+    assert not (tmp_path / "work").exists()  # nothing of the data is in the workdir
+    second = create_datasets(c, tmp_path / "other_work", tokenizer, 0, 1)  # maps, builds nothing
+    assert (np.asarray(second.train.blocks) == np.asarray(first.train.blocks)).all()
+    assert os.stat(manifest).st_mtime_ns == written
+    c = data_config(pattern, data_dir=str(tmp_path / "data"), seq_len=12)  # one more length
+    assert create_datasets(c, tmp_path / "work", tokenizer, 0, 1).train.blocks.shape[1] == 12
+    assert len(list(prepared.directory(c).glob("blocks-seq*"))) == 2
 
 
 def test_empty_corpus_is_a_config_error(tokenizer, tmp_path):
@@ -80,7 +93,7 @@ def test_empty_corpus_is_a_config_error(tokenizer, tmp_path):
     with pytest.raises(ConfigError, match=r"blank|\*\.txt"):
         create_datasets(c, tmp_path / "work", tokenizer, 0, 1)
     with pytest.raises(ConfigError, match=r"\*\.txt"):
-        documents_fn(c, 0)()
+        load_tokenizer(c, tmp_path / "work")
 
 
 def test_batch_size_not_divisible_by_process_count_is_a_config_error(corpus, tokenizer, tmp_path):

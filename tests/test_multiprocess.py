@@ -23,6 +23,7 @@ from tiny_configs import run_flags, tiny_run_config
 
 from maelm_jax import configuration
 from maelm_jax.checkpoints import checkpointing, manifest
+from maelm_jax.data import preparation, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.documents import _held_out, read_documents
@@ -82,16 +83,17 @@ def tokenizer(run):
 
 
 @pytest.fixture(scope="module")
-def caches(run):
-    """{process: its cached train blocks}, and nothing cached for another process count."""
-    cache_dir = run.workdir / CACHE_DIRNAME
-    blocks = {}
-    for p in range(PROCESSES):
-        (path,) = cache_dir.glob(f"*-train-{p}of{PROCESSES}-*.npy")
-        blocks[p] = np.load(path)
-        assert len(list(cache_dir.glob(f"*-eval-{p}of{PROCESSES}-*.npy"))) == 1
-    assert sorted(p.name for p in cache_dir.glob("*.npy") if f"of{PROCESSES}-" not in p.name) == []
-    return blocks
+def mapped(run, tokenizer):
+    """{process: its train blocks}: its shards of the corpus the run prepared once (a shard
+    count both processes divide), as the run mapped them."""
+    data = run.frozen.data
+    directory, manifest = shards.find(data, tokenizer.fingerprint, PROCESSES)
+    assert manifest["num_shards"] == preparation.shard_count(PROCESSES)
+    assert not (run.workdir / CACHE_DIRNAME).exists()  # nothing packed per workdir
+    return {
+        p: np.asarray(shards.open_share(directory, manifest, "train", p, PROCESSES, data)[0])
+        for p in range(PROCESSES)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -152,24 +154,30 @@ def test_both_processes_log_the_same_losses(run):
     assert losses[-1] < losses[0], losses  # it trains
 
 
-def test_each_process_caches_only_its_document_share(run, caches, tokenizer):
-    shares = [
-        list(read_documents(run.frozen.data, "train", p, PROCESSES)) for p in range(PROCESSES)
+def test_each_process_maps_only_its_shards_of_the_documents(run, mapped, tokenizer):
+    num_shards = preparation.shard_count(PROCESSES)
+    by_shard = [
+        list(read_documents(run.frozen.data, "train", i, num_shards)) for i in range(num_shards)
     ]
     everything = list(read_documents(run.frozen.data, "train", 0, 1))
+    shares = [[d for docs in by_shard[p::PROCESSES] for d in docs] for p in range(PROCESSES)]
     assert all(shares)
     assert set(shares[0]).isdisjoint(shares[1])
     assert sorted(shares[0] + shares[1]) == sorted(everything)
-    for p, share in enumerate(shares):
-        expected = pack_documents(tokenizer.encode_batch(share), run.config.seq_len)
-        np.testing.assert_array_equal(caches[p], expected, err_msg=f"process {p}")
+    for p in range(PROCESSES):  # shard i: the documents a process i of num_shards reads
+        expected = [
+            pack_documents(tokenizer.encode_batch(docs), run.config.seq_len)
+            for docs in by_shard[p::PROCESSES]
+            if docs
+        ]
+        np.testing.assert_array_equal(mapped[p], np.concatenate(expected), err_msg=f"process {p}")
 
 
-def test_each_process_reads_half_of_every_batch_from_its_own_cache(run, caches):
+def test_each_process_reads_half_of_every_batch_from_its_own_shards(run, mapped):
     local = run.config.batch_size // PROCESSES
-    own = {p: _row_set(blocks) for p, blocks in caches.items()}
+    own = {p: _row_set(blocks) for p, blocks in mapped.items()}
     for p in range(PROCESSES):
-        batches = TrainBatches(caches[p], local, run.config.seed, p)
+        batches = TrainBatches(mapped[p], local, run.config.seed, p)
         for step in range(STEPS):
             rows = batches.batch(step)
             assert rows.shape == (local, run.config.seq_len)
@@ -180,13 +188,13 @@ def test_each_process_reads_half_of_every_batch_from_its_own_cache(run, caches):
     assert saved == {
         "process_count": PROCESSES,
         "processes": [
-            TrainBatches(caches[p], local, run.config.seed, p).state(STEPS)
+            TrainBatches(mapped[p], local, run.config.seed, p).state(STEPS)
             for p in range(PROCESSES)
         ],
     }
 
 
-def test_the_first_step_trained_on_both_halves(run, caches, progs):
+def test_the_first_step_trained_on_both_halves(run, mapped, progs):
     """Step 0 recomputed in this (1-process, 8-device) pytest process on process 0's rows
     followed by process 1's reproduces the loss the two processes logged."""
     local = run.config.batch_size // PROCESSES
@@ -198,7 +206,7 @@ def test_the_first_step_trained_on_both_halves(run, caches, progs):
             _, metrics = progs.train_step(state, batch)
         return float(metrics["loss"])
 
-    halves = [TrainBatches(caches[p], local, run.config.seed, p).batch(0) for p in range(2)]
+    halves = [TrainBatches(mapped[p], local, run.config.seed, p).batch(0) for p in range(2)]
     logged = metric_logging.read_metrics(run.workdir)[1]["train/loss"]
     assert loss_on(np.concatenate(halves)) == pytest.approx(logged, rel=1e-5)
     # The check can tell: process 0's rows twice would have given another loss.
@@ -233,11 +241,11 @@ def test_one_process_restores_the_two_process_checkpoint(run, tokenizer, progs):
 
 
 def test_unchanged_processes_resume_without_an_input_pipeline_warning(
-    run, tokenizer, progs, caches, caplog
+    run, tokenizer, progs, mapped, caplog
 ):
     """What an unchanged 2-process rerun decides on restoring, played in this process: no
     warning is due; with another share of blocks (another process count), one is."""
-    blocks = [len(caches[p]) for p in range(PROCESSES)]
+    blocks = [len(mapped[p]) for p in range(PROCESSES)]
     for blocks_now, warned in ((blocks, False), ([blocks[0] + 1, blocks[1]], True)):
         position = functools.partial(train._data_position, run.frozen, blocks_now)
         checkpointer = checkpointing.Checkpointer(run.frozen, run.workdir, tokenizer)
@@ -269,7 +277,9 @@ def test_cli_resumes_the_two_process_checkpoint_in_one_process(run, tmp_path):
     assert f"Restored checkpoint {workdir}/checkpoints/{STEPS} (integrity" in log
     assert "different input pipeline" in log  # expected: 1 process reads other blocks
     assert f"for steps {STEPS}..{STEPS + 2}:" in log
-    assert len(list((workdir / CACHE_DIRNAME).glob("*-train-0of1-*.npy"))) == 1
+    # One process reads all 16 shards of the corpus the two prepared: nothing built again.
+    assert "Reading the prepared corpus" in log and "Preparing" not in log
+    assert not (workdir / CACHE_DIRNAME).exists()
     # One train/loss row per step: steps 1..STEPS from the 2-process run, then two more.
     lines = [json.loads(x) for x in (workdir / metric_logging.METRICS_FILENAME).open()]
     steps = [row["step"] for row in lines if "train/loss" in row]

@@ -1,4 +1,5 @@
-"""The SentencePiece wrapper: special-id layout, exact round trips, training and reuse."""
+"""The SentencePiece wrapper: special-id layout, exact round trips, training once per corpus
+and reuse."""
 
 import io
 
@@ -7,7 +8,9 @@ import sentencepiece as spm
 
 from configs import default
 from maelm_jax import configuration
+from maelm_jax.data import prepared
 from maelm_jax.data import tokenizer as tok
+from maelm_jax.data.input_pipeline import load_tokenizer
 from maelm_jax.run_config import ConfigError
 
 TEXTS = [
@@ -148,55 +151,74 @@ def test_serialized_model_reloads_identically(model, tmp_path):
         assert other.encode(TEXTS[5]) == t.encode(TEXTS[5])
 
 
-def test_load_or_train_trains_once_then_reuses_the_workdir_model(config, tmp_path):
-    calls = []
-
-    def documents():
-        calls.append(1)
-        return iter(TEXTS)
-
-    first = tok.load_or_train(data(config), tmp_path, documents)
-    assert calls == [1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [tok.MODEL_FILENAME]  # no temp left
-
-    def must_not_read():
-        raise AssertionError("a resumed run must reuse WORKDIR/tokenizer.model")
-
-    resumed = tok.load_or_train(data(config), tmp_path, must_not_read)
-    assert resumed.serialized() == first.serialized()
+@pytest.fixture
+def corpus_config(config, tmp_path):
+    """`config` reading TEXTS from a text file, its corpus prepared under tmp_path/data."""
+    (tmp_path / "texts.txt").write_text("\n\n".join(TEXTS) + "\n")
+    config.dataset = f"text:{tmp_path}/texts.txt"
+    config.data_dir = str(tmp_path / "data")
+    config.eval_holdout_fraction = 0.0
+    config.eval_batches = 0
+    return config
 
 
-def test_load_or_train_reads_at_most_tokenizer_train_documents(config, tmp_path):
-    config.tokenizer_train_documents = 4
+@pytest.fixture
+def train_calls(monkeypatch):
+    """The number of documents each tokenizer training read (the real training)."""
+    calls, real = [], tok.train
 
-    def documents():
-        yield from TEXTS[:4]
-        raise AssertionError("read past tokenizer_train_documents")
+    def counted(texts, vocab_size):
+        texts = list(texts)
+        calls.append(len(texts))
+        return real(texts, vocab_size)
 
-    t = tok.load_or_train(data(config), tmp_path, documents)
+    monkeypatch.setattr(tok, "train", counted)
+    return calls
+
+
+def test_the_corpus_tokenizer_is_trained_once_and_a_workdir_keeps_its_copy(
+    corpus_config, train_calls, tmp_path
+):
+    first = load_tokenizer(data(corpus_config), tmp_path / "work")
+    assert train_calls == [len(TEXTS)]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == [tok.MODEL_FILENAME]
+    own = prepared.tokenizer_path(data(corpus_config))
+    assert own.read_bytes() == (tmp_path / "work" / tok.MODEL_FILENAME).read_bytes()
+    second = load_tokenizer(data(corpus_config), tmp_path / "other_work")  # copied, not trained
+    assert train_calls == [len(TEXTS)] and second.serialized() == first.serialized()
+    own.unlink()  # a resumed run needs only its workdir's copy
+    resumed = load_tokenizer(data(corpus_config), tmp_path / "work")
+    assert train_calls == [len(TEXTS)] and resumed.serialized() == first.serialized()
+
+
+def test_the_tokenizer_reads_at_most_tokenizer_train_documents(
+    corpus_config, train_calls, tmp_path
+):
+    corpus_config.tokenizer_train_documents = 4
+    t = load_tokenizer(data(corpus_config), tmp_path / "work")
+    assert train_calls == [4]
     assert t.decode(t.encode(TEXTS[1])) == TEXTS[1]
 
 
-def test_load_or_train_prefers_vocab_path(config, model, tmp_path):
+def test_vocab_path_is_used_as_given(corpus_config, model, train_calls, tmp_path):
     path = tmp_path / "given.model"
     path.write_bytes(model)
-    config.vocab_path = str(path)
-    t = tok.load_or_train(data(config), tmp_path / "workdir", lambda: pytest.fail("trained anyway"))
-    assert t.serialized() == model
-    assert not (tmp_path / "workdir" / tok.MODEL_FILENAME).exists()
+    corpus_config.vocab_path = str(path)
+    t = load_tokenizer(data(corpus_config), tmp_path / "workdir")
+    assert t.serialized() == model and train_calls == []
+    assert not (tmp_path / "workdir").exists() and not (tmp_path / "data").exists()
 
 
-def test_missing_vocab_path_is_a_config_error(config, tmp_path):
-    config.vocab_path = str(tmp_path / "nowhere.model")
+def test_missing_vocab_path_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"nowhere\.model"):
-        tok.load_or_train(data(config), tmp_path, lambda: iter(TEXTS))
+        tok.from_vocab_path(str(tmp_path / "nowhere.model"))
 
 
 def test_vocab_path_that_is_not_a_model_is_a_config_error(config, tmp_path):
     config.vocab_path = str(tmp_path / "junk.model")
     (tmp_path / "junk.model").write_bytes(b"not a model")
     with pytest.raises(ConfigError, match=r"junk\.model: not a SentencePiece model"):
-        tok.load_or_train(data(config), tmp_path, lambda: iter(TEXTS))
+        load_tokenizer(data(config), tmp_path / "work")
 
 
 def test_too_small_vocab_is_a_config_error():

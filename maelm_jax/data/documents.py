@@ -5,7 +5,8 @@ Sources, by `DataConfig.dataset` (the run's `RunConfig.data`):
 * a TFDS name ("wikipedia/20230601.en"): read from `config.data_dir`, already prepared;
 * "text:<glob>": local or gs:// text files, documents separated by blank lines, none longer
   than MAX_DOCUMENT_CHARS; each process reads only its files (see `_text_documents`);
-* "python_docs": the embedded corpus (`maelm_jax.default_corpus`), prepared on first use.
+* "python_docs": the embedded corpus (`maelm_jax.default_corpus`), built on first use
+  (`preparation.prepare_source`).
 
 Each process reads a disjoint share, so no document is tokenized or trained on twice. Eval
 documents come from `config.eval_split`, or, when that is "", from a held-out
@@ -18,12 +19,10 @@ import glob
 import hashlib
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-import jax
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from jax.experimental import multihost_utils
 
 from maelm_jax.data import default_corpus
 from maelm_jax.run_config import ConfigError, DataConfig
@@ -242,29 +241,14 @@ def read_documents(
     return _started(docs) or iter(())
 
 
-def prepare_dataset(config: DataConfig, process_index: int) -> None:
-    """Prepares the embedded corpus if `config.dataset` is it. Collective: every process
-    calls it; process 0 prepares first, so processes sharing a data_dir never race, and the
-    others then prepare their own copy only if their data_dir is not shared."""
-    if config.dataset != default_corpus.NAME:
-        return
-    if process_index == 0:
-        default_corpus.builder(config.data_dir)
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("maelm_jax.data.documents.prepare_dataset")
-    default_corpus.builder(config.data_dir)
-
-
-def documents_fn(config: DataConfig, process_index: int) -> Callable[[], Iterator[str]]:
-    """What `tokenizer.load_or_train` trains on: all training documents (eval held out), as
-    one process reads them. Collective (it prepares the dataset); the returned function is
-    called by process 0 alone."""
-    prepare_dataset(config, process_index)
-
-    def documents() -> Iterator[str]:
-        docs = _started(read_documents(config, "train", 0, 1))
-        if docs is None:
-            raise ConfigError(f"dataset={config.dataset!r} has no training documents")
-        return docs
-
-    return documents
+def source_bytes(config: DataConfig) -> int | None:
+    """The size of the source, to size the packing job: the text files' bytes, or the TFDS
+    dataset's as its metadata gives it; None when unknown (a TFDS name not prepared yet)."""
+    if config.dataset.startswith(TEXT_PREFIX):
+        return sum(tf.io.gfile.stat(f).length for f in _glob(config.dataset[len(TEXT_PREFIX) :]))
+    try:
+        builder = tfds.builder(config.dataset, data_dir=config.data_dir)
+    except (tfds.core.registered.DatasetNotFoundError, ValueError, AssertionError):
+        # not a TFDS name: `read_documents` says so
+        return None
+    return int(builder.info.dataset_size) if builder.is_prepared() else None

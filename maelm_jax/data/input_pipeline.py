@@ -1,24 +1,30 @@
 """Training data the fairseq way: tokenize and pack once, then draw any step's batch directly.
 
-The entry point that ties the stages together for one process. Its blocks come from a
-corpus `prepare_data` tokenized and packed for every run (`shards`: this process's shards,
-memory-mapped, when one matches the run's tokenizer and seq_len), or else from its share of
-the documents (`documents`), tokenized, packed and cached once per workdir (`packing`). Either
-way they are served as step-addressed batches (`batches`), so a resumed run reloads the same
-blocks and replays exactly the batches an uninterrupted run would have seen.
+The entry point that ties the stages together for one process, one way through:
+source -> documents -> tokenizer -> shards -> batches. The tokenizer is the workdir's (a
+resumed run) or the corpus's own, trained once (`load_tokenizer`); the blocks are this
+process's shards of the corpus packed with it, memory-mapped. When the corpus has not been
+prepared (`python -m maelm_jax.prepare_data`), the run prepares it first, once, into the
+same place (`preparation`), so the next run, of any method or size, starts at once. The
+blocks are served as step-addressed batches (`batches`), so a resumed run replays exactly
+the batches an uninterrupted run would have seen. A workdir begun by an older version on its
+own cache keeps that cache (`packing.legacy_blocks`).
 """
 
 import dataclasses
 import os
 
+import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax.data import packing, shards
+from maelm_jax import paths
+from maelm_jax.data import packing, prepared, shards
+from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches, eval_batches
-from maelm_jax.data.documents import prepare_dataset
-from maelm_jax.data.packing import packed_blocks
+from maelm_jax.data.preparation import prepare_blocks, prepare_tokenizer, shard_count
 from maelm_jax.data.tokenizer import PAD_ID, Tokenizer
+from maelm_jax.hardware import multihost
 from maelm_jax.run_config import ConfigError, DataConfig
 
 
@@ -49,30 +55,75 @@ def _non_pad_tokens(blocks: np.ndarray) -> int:
     return int(np.count_nonzero(np.asarray(blocks) != PAD_ID))
 
 
-def _prepared_blocks(found, config: DataConfig, process_index: int, process_count: int):
-    """(train blocks, their non-pad tokens, eval blocks) of this process's prepared shards:
-    mapped, not read, so memory and startup stay flat however large the corpus."""
-    directory, manifest = found
+def load_tokenizer(config: DataConfig, workdir: str | os.PathLike) -> Tokenizer:
+    """The run's tokenizer: `config.vocab_path` if set, else `WORKDIR/tokenizer.model` (a
+    resumed run reuses it), else the corpus's own, trained once next to the data and copied
+    into the workdir, which checkpoints and exports read.
+
+    Collective: every process calls it. Process 0 prepares and copies while the others
+    wait, then all load the same file, so the workdir must be storage every host sees. If
+    process 0 fails, every process raises.
+    """
+    if config.vocab_path:
+        return tokenizer_lib.from_vocab_path(config.vocab_path)
+    path = paths.path(workdir) / tokenizer_lib.MODEL_FILENAME
+    error = None
+    if jax.process_index() == 0 and not path.exists():
+        try:
+            prepared.write_atomically(path, prepare_tokenizer(config, download=False))
+            logging.info("Using the prepared tokenizer %s", prepared.tokenizer_path(config))
+        except ConfigError as e:
+            error = e
+    # Also the barrier: nobody reads the file before process 0 has written it.
+    multihost.raise_together(error, "preparing the tokenizer")
+    if not path.exists():
+        raise ConfigError(
+            f"process {jax.process_index()} cannot see {path}, written by process 0; "
+            f"workdir={os.fspath(workdir)!r} must be storage every host shares (e.g. gs://)"
+        )
+    return Tokenizer.from_path(path)
+
+
+def _shards(config: DataConfig, tokenizer: Tokenizer, process_index: int, process_count: int):
+    """(directory, manifest) of the corpus packed with `tokenizer`, prepared now if it is
+    not yet. Collective: process 0 prepares while the others wait; a process that still
+    finds nothing (its data_dir is not the one process 0 wrote) prepares its own copy."""
+    found = shards.find(config, tokenizer.fingerprint, process_count)
+    error = None
+    if found is None and process_index == 0:
+        logging.info("Preparing %s once (tokenize and pack into shards)", config.dataset)
+        try:
+            prepare_blocks(
+                config, tokenizer.serialized(), shard_count(process_count), download=False
+            )
+        except ConfigError as e:
+            error = e
+    multihost.raise_together(error, "preparing the corpus")
+    found = found or shards.find(config, tokenizer.fingerprint, process_count)
+    if found is None:
+        prepare_blocks(config, tokenizer.serialized(), shard_count(process_count), download=False)
+        found = shards.find(config, tokenizer.fingerprint, process_count)
+    return found
+
+
+def _shard_blocks(config, tokenizer, process_index: int, process_count: int, rows: int):
+    """(train blocks, their non-pad tokens, eval blocks) of this process's shards: mapped,
+    not read, so memory and startup stay flat however large the corpus."""
+    directory, manifest = _shards(config, tokenizer, process_index, process_count)
     if process_index == 0:
-        logging.info("Reading the prepared corpus %s (tokenizing nothing)", directory)
+        logging.info("Reading the prepared corpus %s", directory)
     train, tokens = shards.open_share(
         directory, manifest, "train", process_index, process_count, config
     )
     evals, _ = shards.open_share(directory, manifest, "eval", process_index, process_count, config)
-    return train, tokens, evals
-
-
-def _cached_blocks(config, workdir, tokenizer, process_index: int, process_count: int):
-    """(train, eval blocks) tokenized from the documents, cached once per workdir."""
-    prepare_dataset(config, process_index)
-    train = packed_blocks(config, workdir, tokenizer, "train", process_index, process_count)
-    rows = config.eval_batches * local_batch_size(config, process_count)
-    evals = np.zeros((0, config.seq_len), np.int32)
-    if rows and len(train):
-        evals = packed_blocks(
-            config, workdir, tokenizer, "eval", process_index, process_count, max_blocks=rows
+    if len(evals) < rows and process_index == 0:
+        logging.warning(
+            "The prepared eval split gives process 0 %d blocks for %d eval rows; the rest "
+            "are padding (no weight)",
+            len(evals),
+            rows,
         )
-    return train, evals
+    return train, tokens, np.asarray(evals[np.arange(min(rows, len(evals)))], np.int32)
 
 
 def create_datasets(
@@ -82,10 +133,9 @@ def create_datasets(
     process_index: int,
     process_count: int,
 ) -> Datasets:
-    """This process's prepared shards if a matching prepared corpus exists (and the workdir
-    has not begun on its own cache); else it reads, tokenizes, packs and caches its share,
-    once per workdir (a resumed run loads the cache).
-    Collective: every process calls it (it may prepare the dataset)."""
+    """This process's train and eval batches from its shards of the corpus packed with
+    `tokenizer`, prepared first if they are not yet (or from the workdir's old cache).
+    Collective: every process calls it (it may prepare the corpus)."""
     batch_size = local_batch_size(config, process_count)
     if not config.eval_split and config.eval_batches > 0 and config.eval_holdout_fraction <= 0:
         raise ConfigError(
@@ -93,22 +143,19 @@ def create_datasets(
             "no eval documents; set a fraction in (0, 1), an eval_split, or eval_batches=0"
         )
     rows = config.eval_batches * batch_size
-    found = None
-    if not packing.is_cached(config, workdir, tokenizer, process_index, process_count):
-        found = shards.find(config, tokenizer.fingerprint, process_count)
-    if found is not None:
-        train, train_tokens, evals = _prepared_blocks(found, config, process_index, process_count)
-        if len(evals) < rows and process_index == 0:
-            logging.warning(
-                "The prepared eval split gives process 0 %d blocks for %d eval rows; the rest "
-                "are padding (no weight)",
-                len(evals),
-                rows,
-            )
-        evals = np.asarray(evals[np.arange(min(rows, len(evals)))], np.int32)
+    # Collective, so that every process takes the same way (each has its own cache file).
+    cached = packing.cache_path(config, workdir, tokenizer, "train", process_index, process_count)
+    legacy = None
+    if multihost.all_true(cached.exists()):
+        legacy = packing.legacy_blocks(
+            config, workdir, tokenizer, process_index, process_count, rows
+        )
+    if legacy is None:
+        train, train_tokens, evals = _shard_blocks(
+            config, tokenizer, process_index, process_count, rows
+        )
     else:
-        train, evals = _cached_blocks(config, workdir, tokenizer, process_index, process_count)
-        train_tokens = _non_pad_tokens(train)
+        (train, evals), train_tokens = legacy, _non_pad_tokens(legacy[0])
     if len(train) == 0:
         raise ConfigError(
             f"dataset={config.dataset!r} (train_split={config.train_split!r}) gave process "

@@ -8,7 +8,7 @@ synthetic corpus of a given size, so that the numbers can be compared across mac
   per worker process (tokenizer training, a fixed cost, not included);
 * startup and peak RSS of a 2-step run (a new workdir, the real CLI in a subprocess; the
   peak RSS is that process's VmHWM), with and without the prepared corpus: the same command
-  without one falls back to tokenizing in the workdir.
+  without one prepares it first (tokenizer and shards), as `prepare_data` would.
 """
 
 import os
@@ -123,12 +123,12 @@ def format_result(r: dict) -> str:
         )
     lines += [
         "",
-        "| text MB | prepare MB/s/core | prepare s (workers) | startup s: cached -> prepared "
-        "| peak RSS MB: cached -> prepared |",
+        "| text MB | prepare MB/s/core | prepare s (workers) | startup s: unprepared -> "
+        "prepared | peak RSS MB: unprepared -> prepared |",
         "|---|---|---|---|---|",
     ]
     for row in r["sizes"]:
-        p, before, after = row["prepare"], row["cached_run"], row["prepared_run"]
+        p, before, after = row["prepare"], row["unprepared_run"], row["prepared_run"]
         lines.append(
             f"| {row['text_mb']:.1f} | {p['mb_per_s_per_core']:.2f} | {p['seconds']:.1f} "
             f"({p['workers']}) | {before['seconds']:.1f} -> {after['seconds']:.1f} "

@@ -1,15 +1,16 @@
-"""Tokenize and pack once: a process's documents become int32 `seq_len` blocks, cached under
-`WORKDIR/data_cache/` so that a resumed run, or a second run in the same workdir, skips the
-minutes of tokenization and reads the blocks straight back."""
+"""Packing: a stream of documents becomes int32 `seq_len` blocks (what every shard holds), and
+the blocks that versions before the prepared-corpus path packed per workdir.
+
+Those versions tokenized each process's share into `WORKDIR/data_cache/` and trained on it.
+Nothing writes that cache any more (a new run prepares its corpus once, `preparation`); a
+workdir that holds one keeps reading it, so its resume replays exactly the batches it began
+with (`legacy_blocks`)."""
 
 import hashlib
-import itertools
 import json
 import os
 import re
-import time
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,9 +27,7 @@ CACHE_DIRNAME = "data_cache"
 # special ids (a literal "<mask>" was the mask id), and segment ids are derived from `</s>`,
 # which must then end a document and nothing else (model/positions/segments.py).
 _CACHE_FORMAT = 2
-_TOKENIZE_BATCH = 512
 _PACK_FLUSH_BLOCKS = 256
-_LOG_EVERY_S = 30.0
 
 
 def _cut(pieces: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,25 +76,6 @@ def pack_documents(
     return np.concatenate([np.full((len(blocks), 1), BOS_ID, np.int32), blocks], axis=1)
 
 
-def _tokenize(documents: Iterable[str], tokenizer: Tokenizer, log: bool) -> Iterator[list[int]]:
-    """Token lists of `documents`, encoded in batches on all cores; logs docs/s if `log`."""
-    start = last_log = time.perf_counter()
-    count = 0
-    docs = iter(documents)
-    while batch := list(itertools.islice(docs, _TOKENIZE_BATCH)):
-        yield from tokenizer.encode_batch(batch)
-        count += len(batch)
-        now = time.perf_counter()
-        if log and now - last_log >= _LOG_EVERY_S:
-            last_log = now
-            logging.info("Tokenized %d documents (%.0f docs/s)", count, count / (now - start))
-    if log:
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        logging.info(
-            "Tokenized %d documents in %.1fs (%.0f docs/s)", count, elapsed, count / elapsed
-        )
-
-
 def _cache_path(workdir: epath.Path, key: dict[str, Any]) -> epath.Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", key["dataset"])[:48]
@@ -103,32 +83,18 @@ def _cache_path(workdir: epath.Path, key: dict[str, Any]) -> epath.Path:
     return workdir / CACHE_DIRNAME / f"{name}-{key['split_kind']}-{part}-{digest}.npy"
 
 
-def _load_blocks(path: epath.Path) -> np.ndarray:
-    """Memory-maps a local cache (blocks are read a batch at a time); reads a remote one."""
-    if "://" not in os.fspath(path):
-        return np.load(os.fspath(path), mmap_mode="r")
-    with path.open("rb") as f:
-        return np.load(f)
-
-
-def _save_blocks(path: epath.Path, blocks: np.ndarray) -> None:
-    """A temporary sibling renamed into place: a crash never leaves a truncated cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
-    with tmp.open("wb") as f:
-        np.save(f, blocks)
-    tmp.replace(path)
-
-
-def _cache_key(
+def cache_path(
     config: DataConfig,
+    workdir: str | os.PathLike,
     tokenizer: Tokenizer,
     split_kind: str,
     process_index: int,
     process_count: int,
-    max_blocks: int | None,
-) -> dict[str, Any]:
-    return {
+    max_blocks: int | None = None,
+) -> epath.Path:
+    """Where the old versions cached a process's blocks of a split: keyed by everything that
+    changed them (a workdir trusted its corpus not to change under it)."""
+    key = {
         "format": _CACHE_FORMAT,
         "dataset": config.dataset,
         "split_kind": split_kind,
@@ -142,43 +108,44 @@ def _cache_key(
         "process_count": process_count,
         "max_blocks": max_blocks,
     }
+    return _cache_path(paths.path(workdir), key)
 
 
-def is_cached(
+def _load_blocks(path: epath.Path) -> np.ndarray:
+    """Memory-maps a local cache (blocks are read a batch at a time); reads a remote one."""
+    if "://" not in os.fspath(path):
+        return np.load(os.fspath(path), mmap_mode="r")
+    with path.open("rb") as f:
+        return np.load(f)
+
+
+def legacy_blocks(
     config: DataConfig,
     workdir: str | os.PathLike,
     tokenizer: Tokenizer,
     process_index: int,
     process_count: int,
-) -> bool:
-    """Whether this workdir already trains on its own cached train blocks (a run that began
-    before a prepared corpus existed keeps them, so its resume replays the same batches)."""
-    key = _cache_key(config, tokenizer, "train", process_index, process_count, None)
-    return _cache_path(paths.path(workdir), key).exists()
+    eval_rows: int,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(train, eval blocks) of this process's old per-workdir cache, or None when the workdir
+    has none (every run since prepares its corpus instead).
 
-
-def packed_blocks(
-    config: DataConfig,
-    workdir: str | os.PathLike,
-    tokenizer: Tokenizer,
-    split_kind: str,
-    process_index: int,
-    process_count: int,
-    max_blocks: int | None = None,
-) -> np.ndarray:
-    """This process's int32 (n, seq_len) blocks of a split, from the cache or built once.
-
-    The cache is keyed by everything that changes the blocks except the source's content:
-    a workdir trusts its corpus not to change under it.
+    The eval blocks are the cached ones; if the cache lacks them for `eval_rows` (the eval
+    size changed on resume), they are packed from the eval documents here, as the old
+    version did, without writing anything.
     """
-    key = _cache_key(config, tokenizer, split_kind, process_index, process_count, max_blocks)
-    path = _cache_path(paths.path(workdir), key)
-    if path.exists():
-        return _load_blocks(path)
-    documents = read_documents(config, split_kind, process_index, process_count)
-    tokens = _tokenize(documents, tokenizer, log=process_index == 0)
-    blocks = pack_documents(tokens, config.seq_len, max_blocks)
-    _save_blocks(path, blocks)
+    train_path = cache_path(config, workdir, tokenizer, "train", process_index, process_count)
+    if not train_path.exists():
+        return None
+    train = _load_blocks(train_path)
     if process_index == 0:
-        logging.info("Cached %d %s blocks at %s", len(blocks), split_kind, path)
-    return blocks
+        logging.info("Resuming on the blocks this workdir cached before (%s)", train_path)
+    if not eval_rows or not len(train):
+        return train, np.zeros((0, config.seq_len), np.int32)
+    eval_path = cache_path(
+        config, workdir, tokenizer, "eval", process_index, process_count, eval_rows
+    )
+    if eval_path.exists():
+        return train, _load_blocks(eval_path)
+    docs = list(read_documents(config, "eval", process_index, process_count))
+    return train, pack_documents(tokenizer.encode_batch(docs), config.seq_len, eval_rows)

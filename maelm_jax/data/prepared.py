@@ -8,6 +8,7 @@ Layout, next to the TFDS data (`data_dir`, or TFDS's default):
         blocks-seq<L>-shards<N>/    the corpus tokenized and packed (`shards` has the format)
             manifest.json           written last: marks the blocks "done"
             .claims/
+        blocks-seq<L>-shards<N>-vocab<sha>/  the same with another tokenizer (`vocab_path`)
         .claims/            who is building (see `build_once`)
 
 The digest covers every setting that changes the tokenizer or the statistics, so two
@@ -68,10 +69,17 @@ def statistics_path(config: DataConfig) -> epath.Path:
     return directory(config) / STATISTICS_FILENAME
 
 
-def blocks_directory(config: DataConfig, num_shards: int) -> epath.Path:
+def blocks_directory(
+    config: DataConfig, num_shards: int, other_tokenizer: str | None = None
+) -> epath.Path:
     """Where `num_shards` shards of `config.seq_len` blocks live (seq_len is not in the
-    digest: one tokenizer serves every block length)."""
-    return directory(config) / f"blocks-seq{config.seq_len}-shards{num_shards}"
+    digest: one tokenizer serves every block length). Blocks of the corpus's own tokenizer
+    have the plain name; those of another one (`vocab_path`, or a workdir's model from an
+    older version) are named by its sha256, `other_tokenizer`."""
+    name = f"blocks-seq{config.seq_len}-shards{num_shards}"
+    if other_tokenizer:
+        name += f"-vocab{other_tokenizer[:12]}"
+    return directory(config) / name
 
 
 def write_atomically(path: epath.Path, data: bytes) -> None:

@@ -3,8 +3,8 @@ machine, writing the format `shards` describes.
 
 Shard i of N holds the blocks of `read_documents(config, split, i, N)`, the share a process
 i of N would read (text files i, i+N, ... when there are at least N; a contiguous
-`tfds.even_splits` part of a TFDS split), packed exactly as the per-workdir cache packs a
-process's share (`packing.pack_documents`: `</s>` ends every document, so the model derives
+`tfds.even_splits` part of a TFDS split), packed as `packing.pack_documents` packs a stream
+of documents (`packing.pack_documents`: `</s>` ends every document, so the model derives
 the same segment ids). A shard is a pure function of (config, tokenizer, i, N), so the output
 is byte-identical whatever the number of workers, and a shard already written (its `.json`
 beside it) is kept: an interrupted prepare resumes where it stopped. Workers are spawned, not

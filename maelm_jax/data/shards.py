@@ -33,6 +33,7 @@ import tempfile
 import uuid
 
 import numpy as np
+from absl import logging
 from etils import epath
 
 from maelm_jax import paths
@@ -150,8 +151,8 @@ def find(config: DataConfig, tokenizer_sha256: str, process_count: int):
 
     They match on the tokenizer's sha256 and seq_len (the directory already fixes the
     dataset, splits and vocabulary settings). Among shard counts, one that `process_count`
-    divides is preferred (every host reads as many shards), then the fewest; ConfigError if
-    every prepared count is smaller than the process count.
+    divides is preferred (every host reads as many shards), then the fewest; None (the run
+    prepares its own count) when every prepared count is smaller than the process count.
     """
     root = prepared.directory(config)
     if not root.exists():
@@ -169,12 +170,14 @@ def find(config: DataConfig, tokenizer_sha256: str, process_count: int):
         return None
     usable = [f for f in found if f[0] >= process_count]
     if not usable:
-        counts = sorted(f[0] for f in found)
-        raise ConfigError(
-            f"the prepared corpus in {root} has {counts[-1]} shards, fewer than the "
-            f"{process_count} processes; run `python -m maelm_jax.prepare_data "
-            f"--num_shards={process_count}` (or a multiple of it) with this config"
+        logging.warning(
+            "The prepared corpus in %s has at most %d shards, fewer than the %d processes: "
+            "preparing it again in more",
+            root,
+            max(f[0] for f in found),
+            process_count,
         )
+        return None
     _, directory, manifest = min(usable, key=lambda f: (f[0] % process_count != 0, f[0]))
     return directory, manifest
 

@@ -1,4 +1,4 @@
-"""SentencePiece vocabulary with RoBERTa/fairseq's special-id layout, trained once per workdir.
+"""SentencePiece vocabulary with RoBERTa/fairseq's special-id layout, trained once per corpus.
 
 Ids 0..4 are `<s>`, `<pad>`, `</s>`, `<unk>`, `<mask>` (fairseq's dictionary order, so the
 model code's constants match RoBERTa's); every other piece has an id >= `FIRST_REGULAR_ID`.
@@ -27,20 +27,15 @@ import io
 import itertools
 import os
 import re
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
-import jax
 import sentencepiece as spm
-from absl import logging
 from etils import epath
 from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
 from maelm_jax import paths
-from maelm_jax.data import prepared
-from maelm_jax.hardware import multihost
-from maelm_jax.run_config import ConfigError, DataConfig
+from maelm_jax.run_config import ConfigError
 
 BOS_ID = 0
 PAD_ID = 1
@@ -239,60 +234,18 @@ def train(texts: Iterable[str], vocab_size: int) -> bytes:
     return writer.getvalue()
 
 
-def load_or_train(
-    config: DataConfig,
-    workdir: str | os.PathLike,
-    documents_fn: Callable[[], Iterable[str]],
-) -> Tokenizer:
-    """The run's tokenizer: `config.vocab_path` if set, else `WORKDIR/tokenizer.model` (a
-    resumed run reuses it), else the one `maelm_jax.prepare_data` stored next to the data
-    (copied there), else one trained now and saved there.
-
-    Collective: every process calls it. Process 0 trains on the first
-    `config.tokenizer_train_documents` documents of `documents_fn()` while the others wait,
-    then all load the same file, so the workdir must be storage every host sees. If process 0
-    fails, every process raises.
-    """
-    if config.vocab_path:
-        path = paths.path(config.vocab_path)
-        if not path.exists():
-            raise ConfigError(
-                f"vocab_path={config.vocab_path!r} does not exist; give a SentencePiece .model "
-                "file, or leave vocab_path unset to train one"
-            )
-        if path.is_dir() or path.stat().length == 0:
-            raise ConfigError(
-                f"vocab_path={config.vocab_path!r} is "
-                f"{'a directory' if path.is_dir() else 'an empty file'}; give a SentencePiece "
-                ".model file, or leave vocab_path unset to train one"
-            )
-        return Tokenizer.from_path(path)
-
-    path = paths.path(workdir) / MODEL_FILENAME
-    ready = prepared.tokenizer_path(config)
-    if jax.process_index() == 0 and not path.exists() and ready.exists():
-        prepared.write_atomically(path, ready.read_bytes())
-        logging.info("Using the prepared tokenizer %s (copied to %s)", ready, path)
-    error = None
-    if jax.process_index() == 0 and not path.exists():
-        try:
-            start = time.perf_counter()
-            documents = itertools.islice(documents_fn(), config.tokenizer_train_documents)
-            model = train(documents, config.vocab_size)
-            prepared.write_atomically(path, model)
-            logging.info(
-                "Trained a %d-piece tokenizer in %.1fs; saved to %s",
-                Tokenizer(model).vocab_size,
-                time.perf_counter() - start,
-                path,
-            )
-        except ConfigError as e:
-            error = e
-    # Also the barrier: nobody reads the file before process 0 has written it.
-    multihost.raise_together(error, "training the tokenizer")
+def from_vocab_path(vocab_path: str) -> Tokenizer:
+    """The tokenizer a config's `vocab_path` names; ConfigError unless it is a model file."""
+    path = paths.path(vocab_path)
     if not path.exists():
         raise ConfigError(
-            f"process {jax.process_index()} cannot see {path}, written by process 0; "
-            f"workdir={os.fspath(workdir)!r} must be storage every host shares (e.g. gs://)"
+            f"vocab_path={vocab_path!r} does not exist; give a SentencePiece .model "
+            "file, or leave vocab_path unset to train one"
+        )
+    if path.is_dir() or path.stat().length == 0:
+        raise ConfigError(
+            f"vocab_path={vocab_path!r} is "
+            f"{'a directory' if path.is_dir() else 'an empty file'}; give a SentencePiece "
+            ".model file, or leave vocab_path unset to train one"
         )
     return Tokenizer.from_path(path)

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from maelm_jax.data.documents import prepare_dataset, read_documents
+from maelm_jax.data.documents import read_documents
 from maelm_jax.data.packing import pack_documents
 from maelm_jax.inspection import rank, trained_model
 from maelm_jax.model.masked_lm import MaskedLM
@@ -80,7 +80,6 @@ def held_out_blocks(trained, text_file: str | None, num_tokens: int) -> np.ndarr
         with open(text_file, encoding="utf-8") as f:
             docs = [d for d in f.read().split("\n\n") if d.strip()]
     else:
-        prepare_dataset(config.data, 0)
         docs = read_documents(config.data, "eval", 0, 1)
     max_blocks = -(-num_tokens // (config.seq_len - 2)) + 1
     blocks = pack_documents((tok.encode(d) for d in docs), config.seq_len, max_blocks)

@@ -12,8 +12,6 @@ from maelm_jax import paths
 from maelm_jax.checkpoints import checkpointing
 from maelm_jax.checkpoints.params import load_params
 from maelm_jax.data import batches, input_pipeline, unigram
-from maelm_jax.data import documents as documents_lib
-from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.hardware import multihost
 from maelm_jax.inspection import fill_in
 from maelm_jax.run_config import ConfigError, RunConfig
@@ -165,9 +163,8 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     sharding.check_batch(run, mesh, sharding.axis_rules(run.mesh))
     logging.info("Mesh %s over %d processes", dict(mesh.shape), process_count)
 
-    # --- Input: the tokenizer (trained once per workdir) and this process's share. ---
-    documents = documents_lib.documents_fn(run.data, process_index)
-    tokenizer = tokenizer_lib.load_or_train(run.data, workdir, documents)
+    # --- Input: the tokenizer and this process's shards (the corpus prepared once). ---
+    tokenizer = input_pipeline.load_tokenizer(run.data, workdir)
     data, error = None, None
     try:
         data = input_pipeline.create_datasets(
