@@ -153,14 +153,38 @@ def test_two_slices_build_a_hybrid_mesh():
     assert report.flops_per_step is None and "skip" in report.flops_source
 
 
+@pytest.fixture(scope="module")
+def fast_and_near():
+    """The smallest tiny step on v5p-8 analysed twice: at the default (fast) effort, then with
+    HBM such that the fast total is 90% of it, where the verdict must come from a full
+    compile (the probes' kind, which the max_batch test starts from)."""
+    config = configuration.freeze(tiny_config())
+    fast = analyze.analyze(config, "v5p-8", flops="skip", step_time="skip")
+    near = analyze.analyze(
+        config, "v5p-8", flops="skip", step_time="skip", hbm_bytes=int(fast.memory.total / 0.9)
+    )
+    return fast, near
+
+
 @needs_libtpu
-def test_max_batch_fits_and_its_double_does_not():
-    config = tiny_config(**MODEL)
+def test_a_fast_compile_near_the_limit_is_redone_at_full_effort(fast_and_near):
+    fast, near = fast_and_near
+    assert (fast.effort, fast.fast_memory_per_chip_bytes) == ("fast", None)
+    assert fast.memory.total < analyze.CONFIRM_SHARE * fast.hbm_per_chip_bytes
+    assert (near.effort, near.fast_memory_per_chip_bytes) == ("full", fast.memory.total)
+    assert near.memory_per_chip_bytes == near.memory.total and near.compile_seconds > 0
+    assert "fast, then full" in format_report(near)
+    with pytest.raises(ConfigError, match="effort='quick' is not allowed"):
+        analyze.analyze(configuration.freeze(tiny_config()), "v5p-8", effort="quick")
+
+
+@needs_libtpu
+def test_max_batch_fits_and_its_double_does_not(fast_and_near):
+    _, first = fast_and_near  # the same step, compiled at full effort (the probes' kind)
+    assert (first.effort, first.batch_size) == ("full", 8)
+    config = tiny_config()  # the search needs no width; the smallest step compiles fastest
     run = configuration.freeze(config)
     devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
-    first = analyze.analyze(
-        run, "v5p-8", flops="skip", step_time="skip", effort="full"
-    )  # the probes' kind
     hbm = int(first.memory.total * 1.05)  # a bound that bites within a few batch units
     found = max_batch.max_batch(
         run, devices, hbm, (config.batch_size, True, first.memory.total, True)
@@ -170,28 +194,18 @@ def test_max_batch_fits_and_its_double_does_not():
     # Exact: the next multiple of the unit was probed and does not fit.
     assert (found.batch_size + found.unit, False) in {(b, ok) for b, ok, _ in found.probes}
     config.batch_size = 2 * found.batch_size
-    assert not analyze.analyze(
-        configuration.freeze(config), "v5p-8", flops="skip", step_time="skip", hbm_bytes=hbm
-    ).fits
+    # At full effort, as the probes (a fast compile this near the bound is only redone).
+    double = analyze.analyze(
+        configuration.freeze(config),
+        "v5p-8",
+        flops="skip",
+        step_time="skip",
+        hbm_bytes=hbm,
+        effort="full",
+    )
+    assert double.memory.total > hbm and not double.fits
     # The line through two probes predicts the edge: a few compiles, not a bisection's ten.
     assert len(found.probes) <= 4, found.probes
-
-
-@needs_libtpu
-def test_a_fast_compile_near_the_limit_is_redone_at_full_effort():
-    config = configuration.freeze(tiny_config())
-    fast = analyze.analyze(config, "v5p-8", flops="skip", step_time="skip")
-    assert (fast.effort, fast.fast_memory_per_chip_bytes) == ("fast", None)
-    assert fast.memory.total < analyze.CONFIRM_SHARE * fast.hbm_per_chip_bytes
-    # HBM such that the fast total is 90% of it: the verdict must come from a full compile.
-    near = analyze.analyze(
-        config, "v5p-8", flops="skip", step_time="skip", hbm_bytes=int(fast.memory.total / 0.9)
-    )
-    assert (near.effort, near.fast_memory_per_chip_bytes) == ("full", fast.memory.total)
-    assert near.memory_per_chip_bytes == near.memory.total and near.compile_seconds > 0
-    assert "fast, then full" in format_report(near)
-    with pytest.raises(ConfigError, match="effort='quick' is not allowed"):
-        analyze.analyze(config, "v5p-8", effort="quick")
 
 
 HLO = """
