@@ -10,8 +10,8 @@ from maelm_jax.data import prepared, shards
 from maelm_jax.data import tokenizer as tok
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.input_pipeline import create_datasets, load_tokenizer
-from maelm_jax.data.packing import pack_documents
 from maelm_jax.data.preparation import NUM_SHARDS
+from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.run_config import ConfigError
 
 

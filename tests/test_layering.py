@@ -107,7 +107,7 @@ def test_imports_point_down_the_layers_and_the_configdict_stops_at_the_commands(
         (("maelm_jax.step.programs", "maelm_jax.checkpoints.checkpointing"), "a layer above it"),
         (("maelm_jax.inspection.fill_in", "maelm_jax.training.train"), "a layer above it"),
         (("maelm_jax.aot.analyze", "maelm_jax.compile"), "imports command module"),
-        (("maelm_jax.data.packing", "maelm_jax.model.positions.segments"), "stay apart"),
+        (("maelm_jax.data.shard_writer", "maelm_jax.model.positions.segments"), "stay apart"),
         (("maelm_jax.training.train", "ml_collections"), "ml_collections below the commands"),
     ],
 )

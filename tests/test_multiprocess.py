@@ -27,7 +27,8 @@ from maelm_jax.data import preparation, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.documents import _held_out, read_documents
-from maelm_jax.data.packing import CACHE_DIRNAME, pack_documents
+from maelm_jax.data.shard_writer import pack_documents
+from maelm_jax.data.workdir_cache import CACHE_DIRNAME
 from maelm_jax.run_config import RunConfig
 from maelm_jax.step import programs, sharding
 from maelm_jax.training import metric_logging, train

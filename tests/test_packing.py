@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from maelm_jax.data import tokenizer as tok
-from maelm_jax.data.packing import pack_documents
+from maelm_jax.data.shard_writer import pack_documents
 
 
 @pytest.mark.parametrize("seq_len", [2, 7, 16])

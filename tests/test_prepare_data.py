@@ -21,7 +21,7 @@ from tiny_configs import REPO_ROOT, tiny_run_config
 from maelm_jax import configuration, prepare_data
 from maelm_jax.data import preparation, prepared, shards
 from maelm_jax.data.documents import read_documents
-from maelm_jax.data.packing import pack_documents
+from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from maelm_jax.run_config import ConfigError
 from maelm_jax.training import metric_logging, train

@@ -17,12 +17,12 @@ from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
 from maelm_jax import configuration
-from maelm_jax.data import input_speed, packing, preparation, prepared, shards
+from maelm_jax.data import input_speed, preparation, prepared, shards, workdir_cache
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.input_pipeline import create_datasets
-from maelm_jax.data.packing import pack_documents
+from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.data.tokenizer import Tokenizer
 
 NUM_SHARDS = 4
@@ -169,7 +169,7 @@ def _old_cache(data, workdir, tokenizer, split_kind, max_blocks=None):
     """What versions up to 1dc78f0 wrote for process 0 of 1: its packed share of a split."""
     docs = list(read_documents(data, split_kind, 0, 1))
     blocks = pack_documents(tokenizer.encode_batch(docs), data.seq_len, max_blocks)
-    path = packing.cache_path(data, workdir, tokenizer, split_kind, 0, 1, max_blocks)
+    path = workdir_cache.cache_path(data, workdir, tokenizer, split_kind, 0, 1, max_blocks)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, blocks)
     return blocks
@@ -179,10 +179,10 @@ def test_the_old_cache_keeps_its_name_so_old_workdirs_find_it():
     """The names 1dc78f0's `packing._cache_path` gave these keys (computed with that code)."""
     data = text_corpora.data_config("text:/corpus/*.txt")
     tokenizer = types.SimpleNamespace(fingerprint="0" * 64)
-    assert packing.cache_path(data, "/w", tokenizer, "train", 1, 2).name == (
+    assert workdir_cache.cache_path(data, "/w", tokenizer, "train", 1, 2).name == (
         "text_corpus_.txt-train-1of2-815dc85b8db97841.npy"
     )
-    assert packing.cache_path(data, "/w", tokenizer, "eval", 1, 2, 8).name == (
+    assert workdir_cache.cache_path(data, "/w", tokenizer, "eval", 1, 2, 8).name == (
         "text_corpus_.txt-eval-1of2-bd7cf44d45d23ef0.npy"
     )
 
@@ -203,7 +203,7 @@ def test_a_workdir_that_began_on_its_own_cache_keeps_it(ready, tmp_path):
             TrainBatches(train, data.batch_size, data.seed, 0).batch(step),
         )
     np.testing.assert_array_equal(np.concatenate(resumed.eval)[: len(evals)], evals)
-    packing.cache_path(data, tmp_path / "old", tokenizer, "eval", 0, 1, rows).unlink()
+    workdir_cache.cache_path(data, tmp_path / "old", tokenizer, "eval", 0, 1, rows).unlink()
     repacked = create_datasets(data, tmp_path / "old", tokenizer, 0, 1)  # eval packed again
     np.testing.assert_array_equal(np.concatenate(repacked.eval)[: len(evals)], evals)
     assert isinstance(create_datasets(data, tmp_path / "new", tokenizer, 0, 1).train.blocks,

@@ -8,7 +8,7 @@ prepared (`python -m maelm_jax.prepare_data`), the run prepares it first, once, 
 same place (`preparation`), so the next run, of any method or size, starts at once. The
 blocks are served as step-addressed batches (`batches`), so a resumed run replays exactly
 the batches an uninterrupted run would have seen. A workdir begun by an older version on its
-own cache keeps that cache (`packing.legacy_blocks`).
+own cache keeps that cache (`workdir_cache.legacy_blocks`).
 """
 
 import dataclasses
@@ -19,7 +19,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import paths
-from maelm_jax.data import packing, prepared, shards
+from maelm_jax.data import prepared, shards, workdir_cache
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches, eval_batches
 from maelm_jax.data.preparation import prepare_blocks, prepare_tokenizer, shard_count
@@ -144,10 +144,12 @@ def create_datasets(
         )
     rows = config.eval_batches * batch_size
     # Collective, so that every process takes the same way (each has its own cache file).
-    cached = packing.cache_path(config, workdir, tokenizer, "train", process_index, process_count)
+    cached = workdir_cache.cache_path(
+        config, workdir, tokenizer, "train", process_index, process_count
+    )
     legacy = None
     if multihost.all_true(cached.exists()):
-        legacy = packing.legacy_blocks(
+        legacy = workdir_cache.legacy_blocks(
             config, workdir, tokenizer, process_index, process_count, rows
         )
     if legacy is None:

@@ -1,14 +1,14 @@
-"""The tokenize-and-pack stage of `prepare_data`: a multiprocessing job over shards on one
-machine, writing the format `shards` describes.
+"""The tokenize-and-pack stage of a corpus's preparation: a multiprocessing job over shards
+on one machine, writing the format `shards` describes.
 
-Shard i of N holds the blocks of `read_documents(config, split, i, N)`, the share a process
-i of N would read (text files i, i+N, ... when there are at least N; a contiguous
-`tfds.even_splits` part of a TFDS split), packed as `packing.pack_documents` packs a stream
-of documents (`packing.pack_documents`: `</s>` ends every document, so the model derives
-the same segment ids). A shard is a pure function of (config, tokenizer, i, N), so the output
-is byte-identical whatever the number of workers, and a shard already written (its `.json`
-beside it) is kept: an interrupted prepare resumes where it stopped. Workers are spawned, not
-forked (TensorFlow's threads do not survive a fork), and each encodes on one thread.
+Shard i of N holds the blocks of `read_documents(config, split, i, N)`, the share a process i of
+N would read (text files i, i+N, ... when there are at least N; a contiguous `tfds.even_splits`
+part of a TFDS split), packed by `pack_documents` (`</s>` ends every document, so the model
+derives its segment ids from the blocks). A shard is a pure function of (config, tokenizer, i,
+N), so the output is byte-identical whatever the number of workers, and a shard already written
+(its `.json` beside it) is kept: an interrupted prepare resumes where it stopped. Workers are
+spawned, not forked (TensorFlow's threads do not survive a fork), and each encodes on one
+thread.
 
 Why not Beam: the job is embarrassingly parallel over shards and one machine's cores prepare
 about 1 MB of text per second per core (`bench input`), so 160 GB is a day on a 96-core VM;
@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from absl import logging
@@ -29,14 +30,60 @@ from etils import epath
 
 from maelm_jax.data import prepared, shards
 from maelm_jax.data.documents import read_documents
-from maelm_jax.data.packing import pack_documents
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID, Tokenizer
 from maelm_jax.run_config import DataConfig
 
 _ENCODE_BATCH = 512
+_PACK_FLUSH_BLOCKS = 256
 # Eval blocks kept in all: more than the base configs read (20 batches of 8192 rows), a
 # small part of a large corpus's held-out documents.
 MAX_EVAL_BLOCKS = 1 << 18
+
+
+def _cut(pieces: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Joins `pieces` and splits the result into (k, width) full chunks and the rest."""
+    stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    k = len(stream) // width
+    return stream[: k * width].reshape(k, width), stream[k * width :]
+
+
+def pack_documents(
+    token_lists: Iterable[Sequence[int]], seq_len: int, max_blocks: int | None = None
+) -> np.ndarray:
+    """RoBERTa's FULL-SENTENCES packing: int32 (n, seq_len) blocks of `<s>` + seq_len-1 tokens.
+
+    The documents, each followed by `</s>`, form one stream that is cut into chunks of
+    seq_len - 1 regardless of document boundaries; only the last block is padded with `<pad>`.
+    Nothing is wasted on padding, and the model still keeps documents apart: `</s>` marks
+    every document's end, so the step derives each token's document
+    (model/positions/segments.py) and attention stays inside it, as in fairseq's one-document
+    complete_doc blocks.
+    With `max_blocks`, reading stops once that many blocks are full (eval needs a few).
+    """
+    if seq_len < 2:
+        raise ValueError(f"seq_len={seq_len} must be >= 2")
+    width = seq_len - 1
+    eos = np.array([EOS_ID], np.int32)
+    chunks: list[np.ndarray] = []  # (k, width) full chunks, in stream order
+    num_chunks = 0
+    rest: list[np.ndarray] = []  # the stream after the last full chunk
+    rest_len = 0
+    for tokens in token_lists:
+        rest += [np.asarray(tokens, np.int32), eos]
+        rest_len += len(tokens) + 1
+        if rest_len >= _PACK_FLUSH_BLOCKS * width:  # join in bulk: one concatenate per flush
+            full, tail = _cut(rest, width)
+            chunks.append(full)
+            num_chunks += len(full)
+            rest, rest_len = [tail], len(tail)
+            if max_blocks is not None and num_chunks >= max_blocks:
+                break
+    full, tail = _cut(rest, width)
+    chunks.append(full)
+    if len(tail):
+        chunks.append(np.concatenate([tail, np.full(width - len(tail), PAD_ID, np.int32)])[None])
+    blocks = np.concatenate(chunks)[:max_blocks]
+    return np.concatenate([np.full((len(blocks), 1), BOS_ID, np.int32), blocks], axis=1)
 
 
 def _token_lists(documents, tokenizer: Tokenizer, sizes: list[int]):

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from maelm_jax.data.documents import read_documents
-from maelm_jax.data.packing import pack_documents
+from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.inspection import rank, trained_model
 from maelm_jax.model.masked_lm import MaskedLM
 from maelm_jax.model.modern_blocks import ModernBlock

@@ -1,5 +1,4 @@
-"""Packing: a stream of documents becomes int32 `seq_len` blocks (what every shard holds), and
-the blocks that versions before the prepared-corpus path packed per workdir.
+"""The blocks that versions before 2026-11-26 packed per workdir, read back for their resume.
 
 Those versions tokenized each process's share into `WORKDIR/data_cache/` and trained on it.
 Nothing writes that cache any more (a new run prepares its corpus once, `preparation`); a
@@ -10,7 +9,6 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,61 +17,14 @@ from etils import epath
 
 from maelm_jax import paths
 from maelm_jax.data.documents import read_documents
-from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from maelm_jax.data.shard_writer import pack_documents
+from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.run_config import DataConfig
 
 CACHE_DIRNAME = "data_cache"
-# Bump when the packing or the cache layout changes. 2: corpus text no longer encodes to
-# special ids (a literal "<mask>" was the mask id), and segment ids are derived from `</s>`,
-# which must then end a document and nothing else (model/positions/segments.py).
+# The format of the last version that wrote the cache, part of its file names: frozen. (2:
+# corpus text no longer encoded to special ids, and segment ids came from `</s>`.)
 _CACHE_FORMAT = 2
-_PACK_FLUSH_BLOCKS = 256
-
-
-def _cut(pieces: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Joins `pieces` and splits the result into (k, width) full chunks and the rest."""
-    stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-    k = len(stream) // width
-    return stream[: k * width].reshape(k, width), stream[k * width :]
-
-
-def pack_documents(
-    token_lists: Iterable[Sequence[int]], seq_len: int, max_blocks: int | None = None
-) -> np.ndarray:
-    """RoBERTa's FULL-SENTENCES packing: int32 (n, seq_len) blocks of `<s>` + seq_len-1 tokens.
-
-    The documents, each followed by `</s>`, form one stream that is cut into chunks of
-    seq_len - 1 regardless of document boundaries; only the last block is padded with `<pad>`.
-    Nothing is wasted on padding, and the model still keeps documents apart: `</s>` marks
-    every document's end, so the step derives each token's document
-    (model/positions/segments.py) and attention stays inside it, as in fairseq's one-document
-    complete_doc blocks.
-    With `max_blocks`, reading stops once that many blocks are full (eval needs a few).
-    """
-    if seq_len < 2:
-        raise ValueError(f"seq_len={seq_len} must be >= 2")
-    width = seq_len - 1
-    eos = np.array([EOS_ID], np.int32)
-    chunks: list[np.ndarray] = []  # (k, width) full chunks, in stream order
-    num_chunks = 0
-    rest: list[np.ndarray] = []  # the stream after the last full chunk
-    rest_len = 0
-    for tokens in token_lists:
-        rest += [np.asarray(tokens, np.int32), eos]
-        rest_len += len(tokens) + 1
-        if rest_len >= _PACK_FLUSH_BLOCKS * width:  # join in bulk: one concatenate per flush
-            full, tail = _cut(rest, width)
-            chunks.append(full)
-            num_chunks += len(full)
-            rest, rest_len = [tail], len(tail)
-            if max_blocks is not None and num_chunks >= max_blocks:
-                break
-    full, tail = _cut(rest, width)
-    chunks.append(full)
-    if len(tail):
-        chunks.append(np.concatenate([tail, np.full(width - len(tail), PAD_ID, np.int32)])[None])
-    blocks = np.concatenate(chunks)[:max_blocks]
-    return np.concatenate([np.full((len(blocks), 1), BOS_ID, np.int32), blocks], axis=1)
 
 
 def _cache_path(workdir: epath.Path, key: dict[str, Any]) -> epath.Path:
