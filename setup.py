@@ -64,7 +64,6 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",
-            "filelock>=3.12",  # tests/conftest.py: one tiny-checkpoint set for all workers
             "ruff>=0.6",
             "jax[tpu]>=0.10.2,<0.12",
             "torch==2.13.0",

@@ -37,7 +37,6 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 
-import filelock  # noqa: E402
 import pytest  # noqa: E402
 
 
@@ -49,44 +48,42 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ["TFDS_DATA_DIR"], ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Groups for pytest.ini's `--dist loadgroup`: one per module, as `loadfile` would make
+    them (a module's fixtures are built on one worker), except that the modules using the
+    session's `tiny_checkpoints` form one group, so that one worker trains them once."""
+    del config
+    shared = {item.path for item in items if "tiny_checkpoints" in item.fixturenames}
+    for item in items:
+        name = "tiny_checkpoints" if item.path in shared else item.path.name
+        item.add_marker(pytest.mark.xdist_group(name))
+
+
 @pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory, worker_id):
-    """{kind: workdir} of three tiny runs trained once per test session, checkpointed at the
-    end: MLM (scanned layers), MAE-LM with the relative position bias (unrolled layers) and
-    3ML-cross (scanned). Shared by the export and analysis tests, read only; under xdist the
-    first worker to ask trains them and the other waits for them, not training its own."""
-    root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":  # the xdist workers' base temps share this session's parent
-        root = root.parent
-    root = root / "tiny_checkpoints"
-    with filelock.FileLock(f"{root}.lock"):
-        if not (root / "done").exists():
-            _train_tiny_checkpoints(root)
-            (root / "done").write_text("")
-    return {kind: root / kind for kind in TINY_CHECKPOINT_KINDS}
-
-
-TINY_CHECKPOINT_KINDS = {
-    "mlm": {"objective": "mlm"},
-    "mae_lm": {
-        "model.relative_attention_buckets": 16,
-        "model.relative_attention_max_distance": 16,
-        "model.scan_layers": False,
-    },
-    "3ml_cross": {"model.decoder": "cross"},
-}
-
-
-def _train_tiny_checkpoints(root: pathlib.Path) -> None:
+def tiny_checkpoints(tmp_path_factory):
+    """{kind: workdir} of three tiny runs trained once per session, checkpointed at the end:
+    MLM (scanned layers), MAE-LM with the relative position bias (unrolled layers) and
+    3ML-cross (scanned). Shared by the export and analysis tests."""
     from text_corpora import sample_document, write_corpus
     from tiny_configs import tiny_run_config
 
     from maelm_jax import configuration
     from maelm_jax.training import train
 
-    shutil.rmtree(root, ignore_errors=True)  # a half-trained set from an interrupted worker
+    root = tmp_path_factory.mktemp("tiny_checkpoints")
     dataset = write_corpus(root / "corpus", [sample_document(i) for i in range(240)])
-    for kind, overrides in TINY_CHECKPOINT_KINDS.items():
+    kinds = {
+        "mlm": {"objective": "mlm"},
+        "mae_lm": {
+            "model.relative_attention_buckets": 16,
+            "model.relative_attention_max_distance": 16,
+            "model.scan_layers": False,
+        },
+        "3ml_cross": {"model.decoder": "cross"},
+    }
+    workdirs = {}
+    for kind, overrides in kinds.items():
         config = tiny_run_config(
             dataset,
             num_train_steps=3,
@@ -95,4 +92,6 @@ def _train_tiny_checkpoints(root: pathlib.Path) -> None:
             eval_batches=0,
             **overrides,
         )
-        train.train_and_evaluate(configuration.freeze(config), root / kind)
+        workdirs[kind] = root / kind
+        train.train_and_evaluate(configuration.freeze(config), workdirs[kind])
+    return workdirs
