@@ -48,18 +48,6 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ["TFDS_DATA_DIR"], ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Groups for pytest.ini's `--dist loadgroup`: one per module, as `loadfile` would make
-    them (a module's fixtures are built on one worker), except that the modules using the
-    session's `tiny_checkpoints` form one group, so that one worker trains them once."""
-    del config
-    shared = {item.path for item in items if "tiny_checkpoints" in item.fixturenames}
-    for item in items:
-        name = "tiny_checkpoints" if item.path in shared else item.path.name
-        item.add_marker(pytest.mark.xdist_group(name))
-
-
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """{kind: workdir} of three tiny runs trained once per session, checkpointed at the end:
