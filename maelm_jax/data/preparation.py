@@ -49,7 +49,9 @@ def beam_download_config(beam_options: str | None):
     return tfds.download.DownloadConfig(beam_options=PipelineOptions(flags=flags))
 
 
-def prepare_source(config: DataConfig, beam_options: str | None = None, download=True) -> None:
+def prepare_source(
+    config: DataConfig, beam_options: str | None = None, download: bool = True
+) -> None:
     """Builds the TFDS dataset into data_dir if it is not there (a Beam builder with
     `beam_options`); text files need nothing, the embedded corpus is always built. Without
     `download` (a training run) a TFDS dataset must already be there: `read_documents` says
