@@ -12,6 +12,7 @@ own cache keeps that cache (`workdir_cache.legacy_blocks`).
 """
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -88,21 +89,23 @@ def _shards(config: DataConfig, tokenizer: Tokenizer, process_index: int, proces
     """(directory, manifest) of the corpus packed with `tokenizer`, prepared now if it is
     not yet. Collective: process 0 prepares while the others wait; a process that still
     finds nothing (its data_dir is not the one process 0 wrote) prepares its own copy."""
-    found = shards.find(config, tokenizer.fingerprint, process_count)
+    find = functools.partial(shards.find, config, tokenizer.fingerprint, process_count)
+    prepare = functools.partial(
+        prepare_blocks, config, tokenizer.serialized(), shard_count(process_count), download=False
+    )
+    found = find()
     error = None
     if found is None and process_index == 0:
         logging.info("Preparing %s once (tokenize and pack into shards)", config.dataset)
         try:
-            prepare_blocks(
-                config, tokenizer.serialized(), shard_count(process_count), download=False
-            )
+            prepare()
         except ConfigError as e:
             error = e
     multihost.raise_together(error, "preparing the corpus")
-    found = found or shards.find(config, tokenizer.fingerprint, process_count)
+    found = found or find()
     if found is None:
-        prepare_blocks(config, tokenizer.serialized(), shard_count(process_count), download=False)
-        found = shards.find(config, tokenizer.fingerprint, process_count)
+        prepare()
+        found = find()
     return found
 
 
