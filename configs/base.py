@@ -122,6 +122,13 @@ def get_config() -> ml_collections.ConfigDict:
     # `flops`) count the xla path whatever this says: XLA's cost model sees nothing inside a
     # kernel (aot/compile_step.py).
     c.model.attention_impl = "auto"
+    # Where dropout on the attention probabilities runs: "xla" (the step's dropout key:
+    # masks a pure function of seed and step, so a resume draws what an uninterrupted run
+    # would) | "cudnn" (inside cuDNN's fused kernel, which then takes every attention:
+    # masks from cuDNN's own Philox counter, new at each step but not keyed by the step, so
+    # a resume continues with other, equally random masks; model/kernels/cudnn.py) |
+    # "auto": cuDNN wherever attention runs on cuDNN.
+    c.model.attention_dropout_impl = "auto"
     # True: q.k scores in float32 even in a bfloat16 model (the softmax always is); False is
     # t5x's and MaxText's default and cuts a third of an attention layer's time on a TPU.
     c.model.float32_attention_logits = False

@@ -8,6 +8,7 @@ from typing import Any
 
 from maelm_jax.model import remat
 from maelm_jax.run_config import (
+    ATTENTION_DROPOUT_IMPLS,
     ATTENTION_IMPLS,
     BACKBONES,
     DECODERS,
@@ -121,6 +122,7 @@ RULES: dict[str, Rule] = {
     "model.attention_query_chunk": at_least(0),
     "model.lm_head_chunk": at_least(0),
     "model.attention_impl": one_of(ATTENTION_IMPLS),
+    "model.attention_dropout_impl": one_of(ATTENTION_DROPOUT_IMPLS),
     "model.float32_attention_logits": one_of((False, True)),
     "model.relative_bias_once": one_of((False, True)),
     "model.gather_embedding_table": one_of(TABLE_GATHERS),

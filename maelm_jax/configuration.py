@@ -192,6 +192,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             layer_norm_epsilon=m.layer_norm_epsilon,
             init_std=m.init_std,
             attention_impl=m.attention_impl,
+            attention_dropout_impl=m.attention_dropout_impl,
             float32_attention_logits=m.float32_attention_logits,
             relative_bias_once=m.relative_bias_once,
             gather_embedding_table=m.gather_embedding_table,
@@ -302,6 +303,7 @@ _BEFORE_KEY_EXISTED = {
     "local_attention_block": 128,
     "scan_unroll": 1,
     "embedding_grad": "compute_dtype",
+    "attention_dropout_impl": "xla",
 }
 
 

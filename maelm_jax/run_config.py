@@ -23,6 +23,7 @@ NONFINITE_POLICIES = ("stop", "skip")
 PACKINGS = ("segmented", "concatenated")  # see model/positions/segments.py
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform
+ATTENTION_DROPOUT_IMPLS = ("auto", "xla", "cudnn")  # see ModelConfig.for_platform
 TABLE_GATHERS = ("auto", "always", "never")  # see ModelConfig.for_embedding_shards
 DROPOUT_RNG_IMPLS = ("auto", "threefry", "rbg", "unsafe_rbg")  # see dropout_rng_impl_for
 EMBEDDING_GRADS = ("auto", "float32", "compute_dtype")  # see ModelConfig.for_platform
@@ -89,6 +90,8 @@ class ModelConfig:
     layer_norm_epsilon: float
     init_std: float
     attention_impl: str = "xla"  # ATTENTION_IMPLS; `for_platform` makes "auto" concrete
+    # Where attention-probability dropout runs: ATTENTION_DROPOUT_IMPLS (configs/base.py).
+    attention_dropout_impl: str = "xla"
     float32_attention_logits: bool = False
     relative_bias_once: bool = True  # see configs/base.py
     gather_embedding_table: str = "never"  # TABLE_GATHERS; see configs/base.py
@@ -125,7 +128,8 @@ class ModelConfig:
         computes as "xla", so a model built without devices in mind (export, analysis) is
         the XLA one.
         `scan_unroll` 0 becomes every layer on GPU, else 1; `embedding_grad` "auto" the
-        float32 sum except on TPU (configs/base.py says why)."""
+        float32 sum except on TPU (configs/base.py says why); `attention_dropout_impl`
+        "auto" cuDNN wherever attention runs on cuDNN."""
         impl = self.attention_impl
         if impl == "auto":
             impl = "cudnn" if platform == "gpu" else "xla"
@@ -140,9 +144,18 @@ class ModelConfig:
         grad = self.embedding_grad
         if grad == "auto":
             grad = "compute_dtype" if platform == "tpu" else "float32"
+        dropout_impl = self.attention_dropout_impl
+        if dropout_impl == "auto":
+            dropout_impl = "cudnn" if impl == "cudnn" else "xla"
+        if dropout_impl == "cudnn" and impl != "cudnn":
+            raise ConfigError(
+                f"model.attention_dropout_impl='cudnn' needs model.attention_impl 'cudnn' (or "
+                f"'auto' on GPU), not {impl!r} on {platform} devices; use 'auto' or 'xla'"
+            )
         return dataclasses.replace(
             self,
             attention_impl=impl,
+            attention_dropout_impl=dropout_impl,
             kernel_interpret=interpret,
             scan_unroll=unroll,
             embedding_grad=grad,

@@ -56,6 +56,39 @@ def test_embedding_grad_is_made_concrete_for_the_devices(grad, platform, want):
     assert model.for_platform(platform).embedding_grad == want
 
 
+@pytest.mark.parametrize(
+    "attention,dropout,platform,want",
+    [
+        ("auto", "auto", "gpu", "cudnn"),
+        ("auto", "xla", "gpu", "xla"),
+        ("xla", "auto", "gpu", "xla"),  # no kernel, so no kernel's dropout
+        ("auto", "auto", "tpu", "xla"),
+        ("auto", "auto", "cpu", "xla"),
+    ],
+)
+def test_attention_dropout_impl_is_made_concrete_for_the_devices(
+    attention, dropout, platform, want
+):
+    model = dataclasses.replace(
+        frozen(tiny_config())[0], attention_impl=attention, attention_dropout_impl=dropout
+    )
+    got = model.for_platform(platform)
+    assert got.attention_dropout_impl == want
+    options = AttentionOptions(got.attention_impl, dropout_impl=got.attention_dropout_impl)
+    assert options.fused(None, jax.random.PRNGKey(0)) == (want == "cudnn")
+
+
+def test_cudnn_dropout_without_cudnn_attention_is_one_error():
+    model = dataclasses.replace(
+        frozen(tiny_config())[0], attention_impl="xla", attention_dropout_impl="cudnn"
+    )
+    with pytest.raises(configuration.ConfigError, match=r"attention_dropout_impl='cudnn'.*'xla'"):
+        model.for_platform("gpu")
+    c = tiny_config(attention_dropout_impl="philox")
+    with pytest.raises(configuration.ConfigError, match=r"attention_dropout_impl.*'cudnn'"):
+        configuration.freeze(c)
+
+
 def test_a_bad_dropout_rng_impl_is_one_error_naming_the_choices():
     c = tiny_config()
     c.dropout_rng_impl = "philox"

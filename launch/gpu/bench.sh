@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU measurements behind docs/results.md, on one NVIDIA GPU, in named parts:
-#   tests     tests/test_cudnn_attention.py: cuDNN's attention against the XLA path
+#   tests     tests/test_cudnn_attention.py and test_cudnn_dropout.py: cuDNN's attention
+#             (and its dropout) against the XLA path
 #   roberta   the train step per method at 64 x 512 (mlm_base first: the ratios are to it)
-#   peers     HuggingFace PyTorch RobertaForMaskedLM at 64 x 512, ModernBertForMaskedLM at
-#             8 x 1024 and 32 x 1024: the "ours / HF" denominators
+#   xla_dropout  mlm_base at 64 x 512 with attention dropout on XLA, in its own process
+#   roberta_peer HuggingFace PyTorch RobertaForMaskedLM at 64 x 512: mlm_base's "ours / HF"
+#   modern_peer  ModernBertForMaskedLM at 8 x 1024 and 32 x 1024: the modern configs'
 #   modern    the modern backbone's methods at 8 x 1024
 #   modern32  modern_mlm_base at 32 x 1024, one process per setting, for its peak memory
 #   before    mlm_base as the checkout BEFORE runs it (skipped without one)
@@ -13,13 +15,14 @@
 # OUTDIR/log.txt and OUTDIR/results.tgz (every part's JSON).
 #
 # Usage: bash launch/gpu/bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,PART,...]
-# Default parts: all, about 17 minutes on an H200 (each roberta-size config compiles in
-# ~30 s); a lease of 15 minutes of device time takes them in two or three calls.
+# Default parts: all, about 20 minutes on an H200 (a roberta-size config takes ~70 s in a
+# group: 25 to 45 s of compile, then its rounds); a lease of 15 minutes of device time
+# takes them in two or three calls.
 # Needs python3 with jax[cuda], flax, optax, orbax-checkpoint, sentencepiece, ml-collections,
 # clu, torch and transformers; TensorFlow is not needed (jax_speed.py stands in for it).
 set -uo pipefail
 
-all=tests,roberta,peers,modern,modern32,before,variants,kernels
+all=tests,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,kernels
 out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
 before=${2:--}
 parts=,${3:-$all},
@@ -54,17 +57,25 @@ flax.__version__, "torch", torch.__version__, "transformers", transformers.__ver
 
 if wanted tests; then
   # No conftest: it sets the CPU test session's XLA flags.
-  part 120 tests env JAX_PLATFORMS=cuda python3 -m pytest -q -rA -o addopts="" \
-    -p no:cacheprovider --noconftest "$repo/tests/test_cudnn_attention.py"
+  part 100 tests env JAX_PLATFORMS=cuda python3 -m pytest -q -rA -o addopts="" \
+    -p no:cacheprovider --noconftest "$repo/tests/test_cudnn_attention.py" \
+    "$repo/tests/test_cudnn_dropout.py"
 fi
 if wanted roberta; then
-  part 300 roberta "${speed[@]}" "$repo" "$results" \
+  part 360 roberta "${speed[@]}" "$repo" "$results" \
     roberta=mlm_base+mae_lm_base+three_ml_self_base+three_ml_cross_base@64x512
 fi
-if wanted peers; then
-  # Each peer at its counterpart's vocabulary: configs/base.py's 32768, modern.py's 50368.
+if wanted xla_dropout; then
+  # A process of its own: an abort in cuDNN's dropout (kernels/cudnn.py) cannot take it.
+  part 90 xla_dropout "${speed[@]}" "$repo" "$results" \
+    xla_dropout=mlm_base:model.attention_dropout_impl=xla@64x512
+fi
+# Each peer at its counterpart's vocabulary: configs/base.py's 32768, modern.py's 50368.
+if wanted roberta_peer; then
   part 60 "peers: RoBERTa" python3 "$here/torch_peer.py" "$results" 32768 \
     roberta=roberta-base@64x512
+fi
+if wanted modern_peer; then
   part 80 "peers: ModernBERT" python3 "$here/torch_peer.py" "$results" 50368 \
     mb8=modernbert-base@8x1024 mb32=modernbert-base@32x1024
 fi
@@ -86,7 +97,7 @@ if wanted variants; then
     variants=mlm_base+mlm_base:dropout_rng_impl=threefry+mlm_base:model.scan_unroll=1+mlm_base:model.attention_dropout_rate=0.0
 fi
 if wanted kernels; then
-  part 120 kernels python3 "$here/kernel_table.py" "$repo" "$results" \
+  part 100 kernels python3 "$here/kernel_table.py" "$repo" "$results" \
     --configs=mlm_base --batch_size=64 --seq_len=512 --steps=3 --top=15
 fi
 

@@ -90,6 +90,7 @@ def counting_config(run: RunConfig) -> RunConfig:
             "model.attention_query_chunk": 0,
             "model.lm_head_chunk": 0,
             "model.attention_impl": "xla",
+            "model.attention_dropout_impl": "xla",
             "batch_size": run.batch_size // run.loop.grad_accum_steps,
             "grad_accum_steps": 1,
         },

@@ -53,6 +53,7 @@ REPRESENTED_FIELDS = {
     # Kernels and score precision: the same attention, computed another way; the export's
     # float32 scores are what a float32 model computes with either setting.
     "attention_impl",
+    "attention_dropout_impl",
     "kernel_interpret",
     "float32_attention_logits",
     "relative_bias_once",

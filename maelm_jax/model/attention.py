@@ -110,6 +110,7 @@ class MultiHeadAttention(nn.Module):
             cfg.attention_impl,
             cfg.kernel_interpret,
             jnp.float32 if cfg.float32_attention_logits else None,
+            cfg.attention_dropout_impl,
         )
         out = attend(
             q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk, options, window
@@ -349,13 +350,14 @@ def _attend_block(
     passes, and a bias or mask added to them split the fusion (docs/results.md). The
     softmax itself runs in float32. The segment mask is additive so it fuses like the bias.
     """
-    if options.impl == "cudnn" and dropout_rng is None:
+    if options.impl == "cudnn" and options.fused(bias, dropout_rng):
         from maelm_jax.model.kernels.cudnn import cudnn_attend
 
         mask = segment_mask(query_segments, key_segments)
         if window is not None:
             mask = mask & window.mask()
-        out = cudnn_attend(q, k, v, mask, bias)
+        dropout = None if dropout_rng is None else (dropout_rate, dropout_rng)
+        out = cudnn_attend(q, k, v, mask, bias, dropout)
         return _zero_rows_without_keys(out, mask)
     if window is None and options.fused(bias, dropout_rng):
         from maelm_jax.model.kernels.splash import splash_attend

@@ -15,6 +15,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS
 from maelm_jax.model.masked_lm import MaskedLM
 from maelm_jax.run_config import MaskingConfig, ModelConfig, RunConfig, dropout_rng_impl_for
 from maelm_jax.step import optimizer, sharding, train_state, train_step
@@ -84,6 +85,7 @@ def build(run: RunConfig, mesh: Mesh, vocab_size: int) -> Programs:
     embed_shards = sharding.num_shards(mesh, rules, "embed")
     model, masking_cfg = model_and_masking(run, vocab_size, platform, embed_shards)
     model_cfg = model.config
+    cudnn_dropout = model_cfg.attention_dropout_impl == "cudnn"
     tx = optimizer.create_optimizer(run.optimizer)
     init_fn = train_state.make_init_fn(model, tx, model_cfg, run.seq_len, masking_cfg.num_masked)
     with sharding.activate(mesh, rules):
@@ -125,6 +127,8 @@ def build(run: RunConfig, mesh: Mesh, vocab_size: int) -> Programs:
             in_shardings=(state_shardings, batch_shardings),
             out_shardings=(state_shardings, replicated),
             donate_argnums=0,
+            # cuDNN's dropout cannot be recorded into a command buffer (kernels/cudnn.py)
+            compiler_options=COMPILER_OPTIONS if cudnn_dropout else None,
         ),
         eval_step=jax.jit(
             evaluate,

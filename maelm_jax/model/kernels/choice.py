@@ -10,18 +10,20 @@ from maelm_jax.model.positions.rotary import Window
 @dataclasses.dataclass(frozen=True)
 class AttentionOptions:
     """How `attend` computes: `impl` "cudnn" (GPU) serves every attention without
-    probability dropout, "splash" (Pallas, TPU) those without a bias either, "xla" the rest
-    (and everything with impl "xla"); `interpret` runs a Pallas kernel in the interpreter
-    (CPU tests); `logits_dtype` None: the queries' dtype."""
+    probability dropout, and those with it too where `dropout_impl` is "cudnn"; "splash"
+    (Pallas, TPU) those without a bias or dropout; "xla" the rest (and everything with impl
+    "xla"); `interpret` runs a Pallas kernel in the interpreter (CPU tests); `logits_dtype`
+    None: the queries' dtype."""
 
     impl: str = "xla"
     interpret: bool = False
     logits_dtype: object = None
+    dropout_impl: str = "xla"  # "cudnn": cuDNN takes probability dropout too
 
     def fused(self, bias, dropout_rng) -> bool:
         # "auto" not yet made concrete computes as "xla"
-        if self.impl == "cudnn":  # any bias and mask; dropout stays on xla (kernels/cudnn.py)
-            return dropout_rng is None
+        if self.impl == "cudnn":  # any bias and mask; dropout where dropout_impl says
+            return dropout_rng is None or self.dropout_impl == "cudnn"
         return self.impl == "splash" and bias is None and dropout_rng is None
 
     def dense_local(self, length: int, window: Window, dropout_rng=None) -> bool:

@@ -18,14 +18,29 @@ What the kernel does not do for us, and this module does:
 - A query whose segment has no key gets the zeros `_attend_block` gives: the caller zeroes
   such rows.
 
-Dropout is not here. jax's public `dot_product_attention` takes none; its private binding
-(`fused_attention_stablehlo`) does, and on an H200 with jax 0.11.2 its mask was new at every
-call and the same in both passes, but XLA aborted (`cuda_dnn.cc: Check failed:
-local_device_ordinal.has_value()`, recording the cuDNN graph into a command buffer) as soon
-as such a call sat in a loop or a train step. Its mask also comes from cuDNN's own counter,
-not the step's key, so no resume would be exact. Attention with dropout therefore stays on
-the XLA path (`AttentionOptions.fused`).
+Dropout (`model.attention_dropout_impl="cudnn"`) goes through jax's private binding
+(`fused_attention_stablehlo`; the public `dot_product_attention` takes none). cuDNN draws
+the mask from its own Philox generator inside the kernel, which is what saves the [B, N, T,
+S] probabilities, but the generator is not ours:
+
+- Its seed is a compile-time constant and its offset a counter per call site, advanced at
+  each execution (XLA's `CudnnGraph`): a new mask each step, the same one in the forward and
+  backward passes, but not a function of the step. A resumed run starts the counter again
+  and so draws other (equally random) masks than the uninterrupted one would have: with
+  "cudnn", resume is exact in everything but attention dropout.
+- Every layer of an unrolled stack is a call site with the same seed and counter, so every
+  layer would drop the same [B, N, T, S] entries. Each call therefore rolls its queries and
+  its keys by two offsets drawn from the layer's own dropout key (`rolled`; the mask
+  and bias roll with them, the output rolls back): the kernel's mask entry (t, s) lands on
+  the pair (t - r, s - r') of the caller's order, so two layers share a mask with
+  probability 1 / (T * S). Rolls, not a batch or head permutation: those axes may be
+  sharded, the sequence axes are not.
+- XLA aborted recording such a call into a command buffer (`cuda_dnn.cc: Check failed:
+  local_device_ordinal.has_value()`, jax 0.11.2, H200): a step with cuDNN dropout compiles
+  with `COMPILER_OPTIONS`, which keep cuDNN calls out of command buffers.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +50,38 @@ import numpy as np
 LENGTH_MULTIPLE = 8
 
 
-def cudnn_attend(q, k, v, mask, bias):
+# What a step whose attention drops out in cuDNN compiles with (jax.jit's compiler_options):
+# command buffers for every kind of call but cuDNN's. A compile option takes a list, not the
+# XLA_FLAGS form "-CUDNN" (jax 0.11.2: "not a valid enum value").
+COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL"}
+
+
+def cudnn_attend(q, k, v, mask, bias, dropout=None):
     """q [B, T, N, H], k and v [B, S, N, H] in bf16/fp16, mask bool [B|1, 1, T, S] (True:
-    the key is visible), bias [B|1, N|1, T, S] or None -> [B, T, N, H]."""
+    the key is visible), bias [B|1, N|1, T, S] or None, dropout None or (rate, the layer's
+    dropout key) -> [B, T, N, H]."""
+    if dropout is None:
+        return _kernel(q, k, v, mask, bias)
+    rate, rng = dropout
+    return rolled(functools.partial(_kernel, dropout_rate=rate), rng, q, k, v, mask, bias)
+
+
+def rolled(kernel, rng, q, k, v, mask, bias):
+    """`kernel(q, k, v, mask, bias)` with its queries and keys rolled by offsets drawn from
+    `rng` (the layer's dropout key), and its output rolled back: the same attention, with
+    the kernel's mask entry (t, s) on another (query, key) pair per layer."""
+    query_key, key_key = jax.random.split(rng)
+    r = jax.random.randint(query_key, (), 0, q.shape[1])
+    r_key = jax.random.randint(key_key, (), 0, k.shape[1])
+    q = jnp.roll(q, r, axis=1)
+    k, v = jnp.roll(k, r_key, axis=1), jnp.roll(v, r_key, axis=1)
+    mask = jnp.roll(mask, (r, r_key), axis=(2, 3))
+    if bias is not None:
+        bias = jnp.roll(bias, (r, r_key), axis=(2, 3))
+    return jnp.roll(kernel(q, k, v, mask, bias), -r, axis=1)
+
+
+def _kernel(q, k, v, mask, bias, dropout_rate: float = 0.0):
     t, s = q.shape[1], k.shape[1]
     pad_t, pad_s = -t % LENGTH_MULTIPLE, -s % LENGTH_MULTIPLE
     if pad_t or pad_s:
@@ -48,9 +92,16 @@ def cudnn_attend(q, k, v, mask, bias):
     if bias is not None:
         bias = bias.astype(q.dtype)
     scale = float(1.0 / np.sqrt(q.shape[-1]))
-    out = jax.nn.dot_product_attention(
-        q, k, v, bias=bias, mask=mask, scale=scale, implementation="cudnn"
-    )
+    if dropout_rate:
+        from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention
+
+        out = dot_product_attention(
+            q, k, v, bias=bias, mask=mask, scale=scale, dropout_rate=dropout_rate
+        )
+    else:
+        out = jax.nn.dot_product_attention(
+            q, k, v, bias=bias, mask=mask, scale=scale, implementation="cudnn"
+        )
     return out[:, :t]
 
 
