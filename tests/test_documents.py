@@ -1,7 +1,10 @@
 """Documents: text files and TFDS shares per process, the eval hold-out, the cap, bad sources."""
 
 import collections
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 from text_corpora import data_config, sample_corpus
@@ -28,6 +31,27 @@ def test_text_files_are_read_as_blank_line_separated_documents(corpus):
     pattern, docs = corpus
     read = list(read_documents(data_config(pattern, eval_holdout_fraction=0.0), "train", 0, 1))
     assert read == docs
+
+
+def test_local_text_files_are_read_without_tensorflow(corpus):
+    """TensorFlow (~6 s to import) serves URLs and TFDS only: a fresh process reads and sizes
+    local text files without importing it."""
+    pattern, docs = corpus
+    code = (
+        "import sys\n"
+        "from text_corpora import data_config\n"
+        "from maelm_jax.data.documents import read_documents, source_bytes\n"
+        f"c = data_config({pattern!r}, eval_holdout_fraction=0.0)\n"
+        "print(len(list(read_documents(c, 'train', 0, 1))), source_bytes(c) > 0)\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    tests_dir = pathlib.Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests_dir), str(tests_dir.parent)])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(len(docs)), "True", "False"]
 
 
 @pytest.mark.parametrize("count", [2, 3])

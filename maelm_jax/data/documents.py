@@ -21,7 +21,6 @@ import itertools
 import os
 from collections.abc import Iterator
 
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from maelm_jax.data import default_corpus
@@ -107,8 +106,9 @@ def _utf8_lines(path: str) -> Iterator[str]:
     silently replaced, since a file in another encoding would train the tokenizer on
     mojibake. Convert such files first (`iconv -f LATIN1 -t UTF-8`).
     """
+    opened, errors = _opener(path)
     try:
-        with tf.io.gfile.GFile(path, "rb") as f:
+        with opened(path, "rb") as f:
             for number, raw in enumerate(f, 1):
                 try:
                     line = raw.decode("utf-8")
@@ -119,12 +119,25 @@ def _utf8_lines(path: str) -> Iterator[str]:
                         "UTF-8: convert it first, e.g. `iconv -f LATIN1 -t UTF-8`"
                     ) from None
                 yield line.removeprefix("\ufeff") if number == 1 else line
-    except tf.errors.OpError as e:
-        raise ConfigError(f"cannot read data file {path}: {e.message}") from None
+    except errors as e:
+        raise ConfigError(f"cannot read data file {path}: {getattr(e, 'message', e)}") from None
+
+
+def _opener(path: str):
+    """(open, the errors it raises) for `path`: Python's for a local file, TensorFlow's
+    gfile for a URL (gs://). TensorFlow is imported only then: it takes ~6 s, a run on local
+    text files never needs it, and nor do the commands that only import this module."""
+    if "://" not in path:
+        return open, OSError
+    import tensorflow as tf
+
+    return tf.io.gfile.GFile, tf.errors.OpError
 
 
 def _glob(pattern: str) -> list[str]:
     if "://" in pattern:
+        import tensorflow as tf  # only for URLs: `_opener` says why
+
         files = tf.io.gfile.glob(pattern)
     else:
         matches = glob.glob(os.path.expanduser(pattern), recursive=True)
@@ -245,10 +258,18 @@ def source_bytes(config: DataConfig) -> int | None:
     """The size of the source, to size the packing job: the text files' bytes, or the TFDS
     dataset's as its metadata gives it; None when unknown (a TFDS name not prepared yet)."""
     if config.dataset.startswith(TEXT_PREFIX):
-        return sum(tf.io.gfile.stat(f).length for f in _glob(config.dataset[len(TEXT_PREFIX) :]))
+        return sum(_size(f) for f in _glob(config.dataset[len(TEXT_PREFIX) :]))
     try:
         builder = tfds.builder(config.dataset, data_dir=config.data_dir)
     except (tfds.core.registered.DatasetNotFoundError, ValueError, AssertionError):
         # not a TFDS name: `read_documents` says so
         return None
     return int(builder.info.dataset_size) if builder.is_prepared() else None
+
+
+def _size(path: str) -> int:
+    if "://" not in path:
+        return os.path.getsize(path)
+    import tensorflow as tf  # only for URLs: `_opener` says why
+
+    return tf.io.gfile.stat(path).length
