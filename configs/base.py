@@ -116,8 +116,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.lm_head_chunk = 0
     # Attention through a fused kernel: "auto" (cuDNN on GPU; xla on TPU, where splash is
     # untimed and holds more memory, and on CPU) |
-    # "cudnn" (every attention without probability dropout: bias, segments and window
-    # included; model/kernels/cudnn.py) | "splash" (attentions without a bias or dropout)
+    # "cudnn" (every attention: bias, segments and window included, dropout where
+    # attention_dropout_impl says; model/kernels/cudnn.py) | "splash" (attentions without
+    # a bias or dropout)
     # | "xla"; what a kernel does not take runs on xla. The TPU estimates (`compile`,
     # `flops`) count the xla path whatever this says: XLA's cost model sees nothing inside a
     # kernel (aot/compile_step.py).
@@ -126,8 +127,9 @@ def get_config() -> ml_collections.ConfigDict:
     # masks a pure function of seed and step, so a resume draws what an uninterrupted run
     # would) | "cudnn" (inside cuDNN's fused kernel, which then takes every attention:
     # masks from cuDNN's own Philox counter, new at each step but not keyed by the step, so
-    # a resume continues with other, equally random masks; model/kernels/cudnn.py) |
-    # "auto": cuDNN wherever attention runs on cuDNN.
+    # a resume continues with other, equally random masks; mlm_base's step 1.24x faster on
+    # an H200, docs/results.md; model/kernels/cudnn.py) | "auto": cuDNN wherever attention
+    # runs on cuDNN.
     c.model.attention_dropout_impl = "auto"
     # True: q.k scores in float32 even in a bfloat16 model (the softmax always is); False is
     # t5x's and MaxText's default and cuts a third of an attention layer's time on a TPU.

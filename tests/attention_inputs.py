@@ -33,3 +33,11 @@ def inputs(t: int, s: int, cross: bool, batch: int = 2, heads: int = 2, dim: int
     k, v = (jax.random.normal(key, (batch, s, heads, dim)) for key in keys[1:3])
     cotangent = jax.random.normal(keys[3], q.shape)
     return (q, k, v, jnp.asarray(q_seg), jnp.asarray(k_seg)), cotangent
+
+
+def has_gpu() -> bool:
+    """Whether jax sees a GPU: the cuDNN tests skip without one (CI has none)."""
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False

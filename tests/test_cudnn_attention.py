@@ -12,20 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_inputs import inputs
+from attention_inputs import has_gpu, inputs
 
 from maelm_jax.model.attention import AttentionOptions, _attend_block
 from maelm_jax.model.positions.rotary import Window
 
-
-def _has_gpu() -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _has_gpu(), reason="cuDNN's fused attention needs a GPU")
+pytestmark = pytest.mark.skipif(not has_gpu(), reason="cuDNN's fused attention needs a GPU")
 
 XLA, CUDNN = AttentionOptions("xla"), AttentionOptions("cudnn")
 

@@ -14,20 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_inputs import inputs
+from attention_inputs import has_gpu, inputs
 
 from maelm_jax.model.attention import AttentionOptions, _attend_block, segment_mask
 from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS, rolled
 
-
-def _has_gpu() -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
-
-
-needs_gpu = pytest.mark.skipif(not _has_gpu(), reason="cuDNN's fused attention needs a GPU")
+needs_gpu = pytest.mark.skipif(not has_gpu(), reason="cuDNN's fused attention needs a GPU")
 
 
 def reference(q, k, v, mask, bias, keep=None, rate=0.0):

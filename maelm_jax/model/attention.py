@@ -26,10 +26,10 @@ the batch. The cost of holding it (a bf16 [B, N, T, S]) is ~3% of MAE-LM large's
 batch; `model.relative_bias_once=False` keeps the factored form per query block instead.
 
 `model.attention_impl` puts attentions through a fused kernel (`AttentionOptions`): cuDNN
-on GPU takes every attention without probability dropout (bias, segments and local windows
-as an additive mask; model/kernels/cudnn.py), splash on TPU those without a bias or
-dropout. The rest stay on the XLA path below, where dropout drops the probabilities as
-fairseq does.
+on GPU takes every attention (bias, segments and local windows as an additive mask, and
+probability dropout where `model.attention_dropout_impl` is "cudnn"; model/kernels/cudnn.py),
+splash on TPU those without a bias or dropout. The rest stay on the XLA path below, where
+dropout drops the probabilities as fairseq does, from the step's key.
 """
 
 import dataclasses

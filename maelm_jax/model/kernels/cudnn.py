@@ -1,5 +1,6 @@
 """Attention through cuDNN's fused (flash) kernel on NVIDIA GPUs, for every attention the
-layers have without dropout: document segments, a local window, an additive relative bias.
+layers have: document segments, a local window, an additive relative bias, and probability
+dropout (below).
 
 `cudnn_attend` is `attention._attend_block` on a GPU: the same inputs, the same result
 (tests/test_cudnn_attention.py passed on an H200), without the [B, N, T, S] scores and
