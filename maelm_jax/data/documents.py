@@ -124,21 +124,24 @@ def _utf8_lines(path: str) -> Iterator[str]:
 
 
 def _opener(path: str):
-    """(open, the errors it raises) for `path`: Python's for a local file, TensorFlow's
-    gfile for a URL (gs://). TensorFlow is imported only then: it takes ~6 s, a run on local
-    text files never needs it, and nor do the commands that only import this module."""
+    """(open, the errors it raises) for `path`: Python's for a local file, gfile's for a URL."""
     if "://" not in path:
         return open, OSError
+    tf = _tensorflow()
+    return tf.io.gfile.GFile, tf.errors.OpError
+
+
+def _tensorflow():
+    """TensorFlow, for gs:// URLs (gfile) alone: it takes ~6 s to import, a run on local text
+    files never needs it, and nor do the commands that only import this module."""
     import tensorflow as tf
 
-    return tf.io.gfile.GFile, tf.errors.OpError
+    return tf
 
 
 def _glob(pattern: str) -> list[str]:
     if "://" in pattern:
-        import tensorflow as tf  # only for URLs: `_opener` says why
-
-        files = tf.io.gfile.glob(pattern)
+        files = _tensorflow().io.gfile.glob(pattern)
     else:
         matches = glob.glob(os.path.expanduser(pattern), recursive=True)
         files = [f for f in matches if os.path.isfile(f)]
@@ -270,6 +273,4 @@ def source_bytes(config: DataConfig) -> int | None:
 def _size(path: str) -> int:
     if "://" not in path:
         return os.path.getsize(path)
-    import tensorflow as tf  # only for URLs: `_opener` says why
-
-    return tf.io.gfile.stat(path).length
+    return _tensorflow().io.gfile.stat(path).length
