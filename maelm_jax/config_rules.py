@@ -19,6 +19,7 @@ from maelm_jax.run_config import (
     NONFINITE_POLICIES,
     OBJECTIVES,
     PACKINGS,
+    RELATIVE_BIAS_GRADS,
     TABLE_GATHERS,
 )
 
@@ -125,6 +126,7 @@ RULES: dict[str, Rule] = {
     "model.attention_dropout_impl": one_of(ATTENTION_DROPOUT_IMPLS),
     "model.float32_attention_logits": one_of((False, True)),
     "model.relative_bias_once": one_of((False, True)),
+    "model.relative_bias_grad": one_of(RELATIVE_BIAS_GRADS),
     "model.gather_embedding_table": one_of(TABLE_GATHERS),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),

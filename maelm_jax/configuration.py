@@ -195,6 +195,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             attention_dropout_impl=m.attention_dropout_impl,
             float32_attention_logits=m.float32_attention_logits,
             relative_bias_once=m.relative_bias_once,
+            relative_bias_grad=m.relative_bias_grad,
             gather_embedding_table=m.gather_embedding_table,
             backbone=m.backbone,
             rope_theta_global=float(m.rope_theta_global),
@@ -304,6 +305,7 @@ _BEFORE_KEY_EXISTED = {
     "scan_unroll": 1,
     "embedding_grad": "compute_dtype",
     "attention_dropout_impl": "xla",
+    "relative_bias_grad": "per_layer",
 }
 
 

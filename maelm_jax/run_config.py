@@ -27,6 +27,7 @@ ATTENTION_DROPOUT_IMPLS = ("auto", "xla", "cudnn")  # see ModelConfig.for_platfo
 TABLE_GATHERS = ("auto", "always", "never")  # see ModelConfig.for_embedding_shards
 DROPOUT_RNG_IMPLS = ("auto", "threefry", "rbg", "unsafe_rbg")  # see dropout_rng_impl_for
 EMBEDDING_GRADS = ("auto", "float32", "compute_dtype")  # see ModelConfig.for_platform
+RELATIVE_BIAS_GRADS = ("auto", "per_layer", "summed")  # see ModelConfig.for_platform
 # A TPU vector register's minor dimension: an embedding slice narrower than this per chip
 # pads to it in the sharded lookup's relayout (encoder.TokenEmbedding).
 TPU_LANES = 128
@@ -94,6 +95,7 @@ class ModelConfig:
     attention_dropout_impl: str = "xla"
     float32_attention_logits: bool = False
     relative_bias_once: bool = True  # see configs/base.py
+    relative_bias_grad: str = "per_layer"  # RELATIVE_BIAS_GRADS; see configs/base.py
     gather_embedding_table: str = "never"  # TABLE_GATHERS; see configs/base.py
     kernel_interpret: bool = False  # Pallas kernels in the interpreter (splash on CPU)
     backbone: str = "roberta"  # BACKBONES; the keys below are the "modern" backbone's
@@ -129,7 +131,8 @@ class ModelConfig:
         the XLA one.
         `scan_unroll` 0 becomes every layer on GPU, else 1; `embedding_grad` "auto" the
         float32 sum except on TPU (configs/base.py says why); `attention_dropout_impl`
-        "auto" cuDNN wherever attention runs on cuDNN."""
+        "auto" cuDNN wherever attention runs on cuDNN; `relative_bias_grad` "auto" summed
+        over the layers on GPU, per layer elsewhere."""
         impl = self.attention_impl
         if impl == "auto":
             impl = "cudnn" if platform == "gpu" else "xla"
@@ -152,10 +155,14 @@ class ModelConfig:
                 f"model.attention_dropout_impl='cudnn' needs model.attention_impl 'cudnn' (or "
                 f"'auto' on GPU), not {impl!r} on {platform} devices; use 'auto' or 'xla'"
             )
+        bias_grad = self.relative_bias_grad
+        if bias_grad == "auto":
+            bias_grad = "summed" if platform == "gpu" else "per_layer"
         return dataclasses.replace(
             self,
             attention_impl=impl,
             attention_dropout_impl=dropout_impl,
+            relative_bias_grad=bias_grad,
             kernel_interpret=interpret,
             scan_unroll=unroll,
             embedding_grad=grad,

@@ -208,8 +208,9 @@ def test_one_hot_bias_equals_the_table_lookup_in_values_and_gradients():
 def test_a_stacks_bias_made_once_gives_the_factored_values_and_gradients():
     """`stack_bias`: the bias a layer stack makes once (dense, or cut into the query blocks
     where `attend` splits the queries) gives every layer the outputs, and the table the
-    gradient, of building the bias from the factored form in each layer; shared positions
-    ([1, T]) give one bias for the whole batch."""
+    gradient, of building the bias from the factored form in each layer, whether each layer
+    contracts its own gradient or their sum is contracted once; shared positions ([1, T])
+    give one bias for the whole batch."""
     from maelm_jax.model.attention import QueryBlocks, attend, stack_bias
 
     q, k, v, table = random_attention_inputs(keys=7)
@@ -218,10 +219,10 @@ def test_a_stacks_bias_made_once_gives_the_factored_values_and_gradients():
     cases = {"per row": jnp.array([[0, 2, 3, 5, 8, 9, 15], [1, 2, 4, 6, 7, 11, 12]])}
     cases["shared"] = jnp.arange(7)[None]
 
-    def loss(table, positions, chunk, once):
+    def loss(table, positions, chunk, once, summed=False):
         bias = RelativeBias(table, positions, positions, edges, zero)
         if once:
-            bias = stack_bias(bias, jnp.float32, chunk)
+            bias = stack_bias(bias, jnp.float32, chunk, summed=summed)
         outs = [attend(q * i, k, v, seg, seg, bias, query_chunk=chunk) for i in (1, 2)]
         return sum(jnp.sum(o * jnp.sin(jnp.arange(o.size).reshape(o.shape))) for o in outs)
 
@@ -239,8 +240,11 @@ def test_a_stacks_bias_made_once_gives_the_factored_values_and_gradients():
             per_layer, once = (
                 jax.value_and_grad(loss)(table, positions, chunk, o) for o in (False, True)
             )
-            np.testing.assert_allclose(once[0], per_layer[0], rtol=1e-5, err_msg=name)
-            np.testing.assert_allclose(once[1], per_layer[1], rtol=1e-4, atol=1e-5, err_msg=name)
+            # The layers' gradients summed first and contracted once (the GPU's default).
+            summed = jax.value_and_grad(loss)(table, positions, chunk, True, True)
+            for got in (once, summed):
+                np.testing.assert_allclose(got[0], per_layer[0], rtol=1e-5, err_msg=name)
+                np.testing.assert_allclose(got[1], per_layer[1], rtol=1e-4, atol=1e-5, err_msg=name)
             assert np.abs(once[1]).max() > 0
 
 
@@ -272,7 +276,14 @@ def test_a_bf16_bias_is_the_rounded_table_rows_with_a_float32_table_gradient():
     assert made.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(made.astype(jnp.float32)), expected_bias)
     np.testing.assert_array_equal(factored.shared(jnp.bfloat16).layer(), made)
-    for make in (lambda b: b.dense(jnp.bfloat16), lambda b: b.shared(jnp.bfloat16).layer()):
+    summed = factored.shared(jnp.bfloat16, summed=True).layer()  # float32, for the layers' sum
+    assert summed.dtype == jnp.float32
+    np.testing.assert_array_equal(summed, made.astype(jnp.float32))
+    for make in (
+        lambda b: b.dense(jnp.bfloat16),
+        lambda b: b.shared(jnp.bfloat16).layer(),
+        lambda b: b.shared(jnp.bfloat16, summed=True).layer(),
+    ):
         gradient = through(make)
         assert gradient.dtype == jnp.float32
         np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-6, atol=1e-6)

@@ -17,7 +17,7 @@ import pytest
 from attention_inputs import has_gpu, inputs
 
 from maelm_jax.model.attention import AttentionOptions, _attend_block, segment_mask
-from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS, rolled
+from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS, roll, rolled
 
 needs_gpu = pytest.mark.skipif(not has_gpu(), reason="cuDNN's fused attention needs a GPU")
 
@@ -55,6 +55,27 @@ def test_rolled_attention_is_the_same_attention(t, s, cross, bias_batch):
     want = run(lambda q, k, v, b: reference(q, k, v, mask, b))
     for name, a, b in zip(("out", "dq", "dk", "dv", "dbias"), got, want, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+def test_the_rolls_gradient_is_one_roll_back():
+    """`roll`'s backward pass is a roll the other way, not autodiff of `jnp.roll` (the
+    cotangent written into a zero array of twice the length, cut in halves and added), which
+    made most of mae_lm_base's large adds and pads on an H200 (its [B, N, T, S] bias rolls in
+    every layer). Read from the lowered gradients with respect to the bias."""
+    (q, k, v, q_seg, k_seg), _ = inputs(24, 24, False, batch=2, heads=3, dim=8)
+    mask = segment_mask(q_seg, k_seg)
+    bias = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 24, 24))
+    rng = jax.random.PRNGKey(12)
+
+    def lowered(fn):
+        return jax.jit(jax.grad(lambda b: jnp.sum(fn(b) ** 2))).lower(bias).as_text()
+
+    shifts = jax.random.randint(rng, (2,), 0, 24)
+    plain = lowered(lambda b: jnp.roll(b, tuple(shifts), (2, 3)))
+    assert "dynamic_update_slice" in plain  # the form the check looks for
+    assert "dynamic_update_slice" not in lowered(lambda b: roll(b, tuple(shifts), (2, 3)))
+    ours = lowered(lambda b: rolled(reference, rng, q, k, v, mask, b))
+    assert "dynamic_update_slice" not in ours
 
 
 RATE = 0.1

@@ -609,6 +609,28 @@ def assert_splash_matches_xla(decoder, **overrides):
     assert "splash" in hlo.lower() or "pallas" in hlo.lower()
 
 
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_the_bias_gradient_summed_over_layers_is_each_layers_own_contracted(chunk):
+    """relative_bias_grad="summed" (the GPU's: the layers' score gradients summed, then one
+    contraction into the table) against "per_layer" (each layer contracts its own): the same
+    loss and gradients, the encoder's and the decoder's bias tables included."""
+    bias = dict(relative_attention_buckets=8, decoder_relative_attention=True)
+    model, params, batch = build("mae_lm", "self", attention_query_chunk=chunk, **bias)
+    overrides = dict(bias, attention_query_chunk=chunk, relative_bias_grad="summed")
+    summed = MaskedLM(frozen(tiny_config("mae_lm", "self", SEQ, **overrides))[0], PAD_ID)
+    assert model.config.relative_bias_grad != "summed"  # "auto" off a device computes per layer
+    rng = jax.random.PRNGKey(3)
+    (want, _), grads_want = jax.jit(grad_fn(model, deterministic=True))(params, batch, rng)
+    (got, _), grads = jax.jit(grad_fn(summed, deterministic=True))(params, batch, rng)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert_trees_close(grads, grads_want, atol=1e-6, rtol=1e-4)
+    for stack in ("encoder", "decoder"):  # tiny at init: held to their own scale
+        table, table_want = (g[stack]["relative_bias"]["embedding"] for g in (grads, grads_want))
+        scale = np.abs(table_want).max()
+        assert scale > 0
+        np.testing.assert_allclose(table, table_want, rtol=1e-4, atol=1e-4 * scale, err_msg=stack)
+
+
 def test_the_bias_built_per_query_block_gives_the_once_per_stack_loss_and_gradients():
     """relative_bias_once=False (each layer's query blocks build the bias from the table, for
     the largest batches) against the default bias made once per stack: same loss and

@@ -57,6 +57,23 @@ def test_embedding_grad_is_made_concrete_for_the_devices(grad, platform, want):
 
 
 @pytest.mark.parametrize(
+    "grad,platform,want",
+    [
+        ("auto", "gpu", "summed"),  # one contraction, not one per layer (configs/base.py)
+        ("auto", "tpu", "per_layer"),  # XLA's TPU estimate prefers it
+        ("auto", "cpu", "per_layer"),
+        ("per_layer", "gpu", "per_layer"),
+    ],
+)
+def test_relative_bias_grad_is_made_concrete_for_the_devices(grad, platform, want):
+    model = dataclasses.replace(frozen(tiny_config())[0], relative_bias_grad=grad)
+    assert model.for_platform(platform).relative_bias_grad == want
+    c = tiny_config(relative_bias_grad="sum")
+    with pytest.raises(configuration.ConfigError, match=r"relative_bias_grad.*'summed'"):
+        configuration.freeze(c)
+
+
+@pytest.mark.parametrize(
     "attention,dropout,platform,want",
     [
         ("auto", "auto", "gpu", "cudnn"),

@@ -10,19 +10,22 @@
 #   modern32  modern_mlm_base at 32 x 1024, one process per setting, for its peak memory
 #   before    mlm_base as the checkout BEFORE runs it (skipped without one)
 #   variants  mlm_base with one GPU default undone at a time
-#   kernels   python -m maelm_jax.bench kernels on mlm_base: the kernels by category
+#   bias      launch/gpu/bias_speed.py: MAE-LM's per-example relative bias, piece by piece
+#   kernels   python -m maelm_jax.bench kernels on mlm_base and mae_lm_base: kernels by category
 # Each part has a time limit and the next runs whatever happened. Everything lands in
 # OUTDIR/log.txt and OUTDIR/results.tgz (every part's JSON).
 #
 # Usage: bash launch/gpu/bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,PART,...]
-# Default parts: all, about 20 minutes on an H200 (a roberta-size config takes ~70 s in a
-# group: 25 to 45 s of compile, then its rounds); a lease of 15 minutes of device time
-# takes them in two or three calls.
+# Default parts: all, about 25 minutes on an H200 (a roberta-size config compiles in 39 to
+# 85 s in a group, mae_lm_base the longest; the roberta group of four ran 6 minutes); a
+# lease of 15 minutes of device time takes them in three calls. The groups log each
+# config's compile and each round's ms/step as they go, so a part cut off by its limit
+# still says what it measured.
 # Needs python3 with jax[cuda], flax, optax, orbax-checkpoint, sentencepiece, ml-collections,
 # clu, torch and transformers; TensorFlow is not needed (jax_speed.py stands in for it).
 set -uo pipefail
 
-all=tests,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,kernels
+all=tests,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,bias,kernels
 out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
 before=${2:--}
 parts=,${3:-$all},
@@ -62,7 +65,7 @@ if wanted tests; then
     "$repo/tests/test_cudnn_dropout.py"
 fi
 if wanted roberta; then
-  part 360 roberta "${speed[@]}" "$repo" "$results" \
+  part 420 roberta "${speed[@]}" "$repo" "$results" \
     roberta=mlm_base+mae_lm_base+three_ml_self_base+three_ml_cross_base@64x512
 fi
 if wanted xla_dropout; then
@@ -96,9 +99,12 @@ if wanted variants; then
   part 240 variants "${speed[@]}" "$repo" "$results" \
     variants=mlm_base+mlm_base:dropout_rng_impl=threefry+mlm_base:model.scan_unroll=1+mlm_base:model.attention_dropout_rate=0.0
 fi
+if wanted bias; then
+  part 90 bias python3 "$here/bias_speed.py" "$repo" "$results"
+fi
 if wanted kernels; then
-  part 100 kernels python3 "$here/kernel_table.py" "$repo" "$results" \
-    --configs=mlm_base --batch_size=64 --seq_len=512 --steps=3 --top=15
+  part 300 kernels python3 "$here/kernel_table.py" "$repo" "$results" \
+    --configs=mlm_base,mae_lm_base --batch_size=64 --seq_len=512 --steps=3 --top=15
 fi
 
 tar -czf "$out/results.tgz" -C "$out" results

@@ -57,6 +57,7 @@ REPRESENTED_FIELDS = {
     "kernel_interpret",
     "float32_attention_logits",
     "relative_bias_once",
+    "relative_bias_grad",
     "gather_embedding_table",  # where the lookup reads the table, not what it reads
     # The backbone picks the converter: this module for "roberta", modern_convert.py for
     # "modern", which represents the rotary and window keys (unread by "roberta").

@@ -133,7 +133,7 @@ class QueryBlocks:
     blocks: StackBias
 
     def block(self, values, buckets) -> StackBias:
-        return StackBias(values, buckets, self.blocks.table)
+        return StackBias(values, buckets, self.blocks.table, self.blocks.summed)
 
 
 def query_blocks(t: int, query_chunk: int) -> tuple[int, int]:
@@ -154,24 +154,27 @@ def split_queries(x, n: int, size: int, axis: int = 1, fill=0):
     return jnp.moveaxis(x, axis, 0)
 
 
-def stack_bias(bias: RelativeBias | None, dtype, query_chunk: int, once: bool = True):
+def stack_bias(
+    bias: RelativeBias | None, dtype, query_chunk: int, once: bool = True, summed: bool = False
+):
     """The bias every layer of a stack adds, made once: [B|1, N, T, S] in `dtype`, or as
     `QueryBlocks` where `attend` splits the queries (so no layer re-cuts it). Padded query
     rows take position 0; `attend` never reads their scores. With `once` False the bias stays
-    factored, and each layer's query blocks build their own (less memory, more time)."""
+    factored, and each layer's query blocks build their own (less memory, more time).
+    `summed`: the layers' gradients are summed before the one contraction (`StackBias`)."""
     if bias is None or not once:
         return bias
     n, size = query_blocks(bias.query_positions.shape[1], query_chunk)
     if n == 1:
-        return bias.shared(dtype)
+        return bias.shared(dtype, summed)
     rows = split_queries(bias.query_positions, n, size)  # [n, B|1, size]
 
     def parts(positions):
-        made = dataclasses.replace(bias, query_positions=positions).shared(dtype)
+        made = dataclasses.replace(bias, query_positions=positions).shared(dtype, summed)
         return made.values, made.buckets
 
     values, buckets = jax.vmap(parts)(rows)
-    return QueryBlocks(StackBias(values, buckets, bias.table))
+    return QueryBlocks(StackBias(values, buckets, bias.table, summed))
 
 
 def _dense(bias, dtype):

@@ -29,8 +29,15 @@ def gather_positions(x, idx):
 
 
 def stack_bias_of(config: ModelConfig, bias):
-    """`attention.stack_bias` as `config` asks: in its dtype, query blocks and `once`."""
-    return stack_bias(bias, config.dtype, config.attention_query_chunk, config.relative_bias_once)
+    """`attention.stack_bias` as `config` asks: in its dtype, query blocks, `once` and
+    where the table's gradient is contracted."""
+    return stack_bias(
+        bias,
+        config.dtype,
+        config.attention_query_chunk,
+        config.relative_bias_once,
+        summed=config.relative_bias_grad == "summed",
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))

@@ -19,6 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
 from maelm_jax.hardware import accelerators
@@ -86,6 +87,7 @@ class Timed:
             self.compile_s = self.run(1)
         except jax.errors.JaxRuntimeError as e:
             raise _out_of_memory(name, config, e) or e from None
+        logging.info("%s: compiled and ran one step in %.1f s", name, self.compile_s)
         self.seconds = []  # per round, for `steps` steps
 
     def run(self, steps: int) -> float:
@@ -136,9 +138,10 @@ def measure(runs: dict[str, RunConfig], steps: int, rounds: int) -> dict:
     matmul_dtype = first.dtype
     matmul = _Matmul(first.config, matmul_dtype, first.mesh)
     compiles_before = _CompileCounter.count
-    for _ in range(rounds):
+    for r in range(rounds):
         for t in timed:
             t.seconds.append(t.run(steps))
+            logging.info("round %d: %s %.1f ms/step", r, t.name, 1e3 * t.seconds[-1] / steps)
         matmul.round()
     recompiles = _CompileCounter.count - compiles_before
     device_kind = jax.devices()[0].device_kind

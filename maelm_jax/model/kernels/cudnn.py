@@ -74,12 +74,36 @@ def rolled(kernel, rng, q, k, v, mask, bias):
     query_key, key_key = jax.random.split(rng)
     r = jax.random.randint(query_key, (), 0, q.shape[1])
     r_key = jax.random.randint(key_key, (), 0, k.shape[1])
-    q = jnp.roll(q, r, axis=1)
-    k, v = jnp.roll(k, r_key, axis=1), jnp.roll(v, r_key, axis=1)
+    q = roll(q, (r,), (1,))
+    k, v = roll(k, (r_key,), (1,)), roll(v, (r_key,), (1,))
     mask = jnp.roll(mask, (r, r_key), axis=(2, 3))
     if bias is not None:
-        bias = jnp.roll(bias, (r, r_key), axis=(2, 3))
-    return jnp.roll(kernel(q, k, v, mask, bias), -r, axis=1)
+        bias = roll(bias, (r, r_key), (2, 3))
+    return roll(kernel(q, k, v, mask, bias), (-r,), (1,))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def roll(x, shifts, axes):
+    """`jnp.roll(x, shifts, axes)` with traced `shifts`, whose gradient is the roll back.
+
+    Autodiff of `jnp.roll` transposes its concatenate-and-slice: the cotangent is written
+    into a zero array twice the length, cut in two halves and the halves added, per axis.
+    For MAE-LM's per-example bias ([B, N, T, S] per layer) that was the bulk of the 69 large
+    adds and 49 pads per mae_lm_base step on an H200 (launch/gpu/kernel_table.py,
+    2026-11-26: 38.9 and 9.6 of 152 ms). A roll is a permutation: its transpose is one
+    roll the other way, one pass."""
+    return jnp.roll(x, shifts, axes)
+
+
+def _roll_fwd(x, shifts, axes):
+    return jnp.roll(x, shifts, axes), shifts
+
+
+def _roll_bwd(axes, shifts, cotangent):
+    return jnp.roll(cotangent, tuple(-s for s in shifts), axes), None
+
+
+roll.defvjp(_roll_fwd, _roll_bwd)
 
 
 def _kernel(q, k, v, mask, bias, dropout_rate: float = 0.0):

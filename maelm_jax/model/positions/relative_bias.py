@@ -6,6 +6,7 @@ Positions are the tokens' original ones, so the MAE-LM encoder's visible subsequ
 its true distances.
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -86,11 +87,15 @@ class RelativeBias:
         """[B|1, N, T, S] in `dtype`; the table's gradient is float32 (`StackBias.layer`)."""
         return self.shared(dtype).layer()
 
-    def shared(self, dtype) -> "StackBias":
-        """The bias made once for every layer of a stack (`StackBias`)."""
+    def shared(self, dtype, summed: bool = False) -> "StackBias":
+        """The bias made once for every layer of a stack (`StackBias`); `summed`: the layers'
+        gradients are added first and contracted once (`model.relative_bias_grad`)."""
         buckets = self.buckets()
-        values = jax.lax.stop_gradient(_contract(buckets, self.table, jnp.dtype(dtype)))
-        return StackBias(values, buckets, self.table)
+        if summed:
+            values = _summed(buckets, self.table, jnp.dtype(dtype))
+        else:
+            values = jax.lax.stop_gradient(_contract(buckets, self.table, jnp.dtype(dtype)))
+        return StackBias(values, buckets, self.table, summed)
 
 
 @flax.struct.dataclass
@@ -105,11 +110,16 @@ class StackBias:
     to 1.519 ms on v5p-8 at batch 64 x 512 (XLA's cost model, fast effort).
     """
 
-    values: jax.Array  # [B|1, N, T, S] in the compute dtype
+    values: jax.Array  # [B|1, N, T, S] in the compute dtype; float32 where `summed`
     buckets: jax.Array  # [B|1, T, S] int
     table: jax.Array  # [K, N] float32
+    # The gradient of `values` itself, summed over the layers by autodiff in float32 and
+    # contracted once (`_summed`); else each layer contracts its own.
+    summed: bool = flax.struct.field(pytree_node=False, default=False)
 
     def layer(self) -> jax.Array:
+        if self.summed:
+            return self.values
         return _with_table_gradient(self.values, self.buckets, self.table)
 
 
@@ -179,6 +189,33 @@ def _with_table_gradient_bwd(residuals, cotangent):
 
 
 _with_table_gradient.defvjp(_with_table_gradient_fwd, _with_table_gradient_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _summed(buckets, table, dtype):
+    """The stack's bias in float32 (its values those of `_contract` in `dtype`), whose
+    gradient, the layers' score gradients summed in float32, is contracted once.
+
+    Why on a GPU: contracted in each layer, the score gradient [B, N, T, S] is transposed
+    for the one-hot product every time; at mae_lm_base's encoder shape (64 x 12 x 435 x
+    435) that took 2.06 ms a layer on an H200, 11.5 ms for twelve, against 2.0 ms for the
+    sum's one contraction (launch/gpu/bias_speed.py, 2026-11-26). The sum costs a float32
+    array of the bias's size and its gradient; XLA's TPU model prefers the layers' own
+    contractions (`StackBias`), so "auto" picks this on GPU only."""
+    return _contract(buckets, table, dtype).astype(jnp.float32)
+
+
+def _summed_fwd(buckets, table, dtype):
+    return _summed(buckets, table, dtype), (buckets, table.shape[0])
+
+
+def _summed_bwd(dtype, residuals, cotangent):
+    del dtype
+    buckets, num_buckets = residuals
+    return None, table_gradient(cotangent, buckets, num_buckets)
+
+
+_summed.defvjp(_summed_fwd, _summed_bwd)
 
 
 def bucket_distances(num_buckets: int, max_distance: int, max_positions: int):

@@ -1,0 +1,144 @@
+"""What MAE-LM's per-example relative bias costs on a GPU, piece by piece, at mae_lm_base's
+encoder shape (batch 64, 12 heads, 435 kept of 512 tokens, 64 buckets).
+
+mae_lm_base's step took 2.5x mlm_base's on an H200 (2026-11-26) for 0.95x its FLOPs; the
+bias is what its encoder has and mlm_base's lacks. This times, each jitted alone (median of
+20 calls): the table gradient's contraction as the model writes it and in other forms, the
+bias made once (the forward contraction), and one cuDNN attention layer (forward and
+backward, dropout 0.1) with a [B, N, T, S] bias, a [1, N, T, S] one and none, and the
+bias's roll (forward and backward) as jnp.roll and as cudnn.roll.
+
+Usage: python bias_speed.py PROJ OUTDIR [BATCH]
+"""
+
+import json
+import sys
+import time
+
+proj, out = sys.argv[1], sys.argv[2]
+sys.path.insert(0, proj)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS, cudnn_attend, roll  # noqa: E402
+from maelm_jax.model.positions import relative_bias as rb  # noqa: E402
+
+B, N, T, H, K = int(sys.argv[3]) if len(sys.argv) > 3 else 64, 12, 435, 64, 64
+edges, zero = rb.bucket_edges(K, 128, 512)
+keys = jax.random.split(jax.random.PRNGKey(0), 8)
+positions = jnp.sort(
+    jax.vmap(lambda k: jax.random.permutation(k, 512)[:T])(jax.random.split(keys[0], B)), -1
+)
+buckets = rb.offset_buckets(positions[:, None, :] - positions[:, :, None], edges, zero)
+cot = jax.random.normal(keys[1], (B, N, T, T), jnp.bfloat16)
+table = jax.random.normal(keys[2], (K, N), jnp.float32)
+
+
+reference = jax.jit(lambda c, b: rb.table_gradient(c, b, K))(cot, buckets)
+
+
+def timed(name, fn, *args, reps=20, options=None):
+    f = jax.jit(fn, compiler_options=options)
+    try:
+        got = jax.block_until_ready(f(*args))
+        if getattr(got, "shape", None) == reference.shape and "12" not in name:
+            err = float(jnp.max(jnp.abs(got - reference)) / jnp.max(jnp.abs(reference)))
+            name += f" (rel err {err:.1e})"
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times.append(time.perf_counter() - start)
+        ms = 1e3 * sorted(times)[len(times) // 2]
+    except Exception as e:  # one failing form must not hide the others
+        print(f"{name:48s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return name, None
+    print(f"{name:62s} {ms:9.3f} ms", flush=True)
+    return name, ms
+
+
+def one_hot(b, dtype):
+    return (b[..., None] == jnp.arange(K)).astype(dtype)
+
+
+def per_batch(c, b):
+    g = jnp.einsum("bnts,btsk->bkn", c, one_hot(b, c.dtype), preferred_element_type=jnp.float32)
+    return g.sum(0)
+
+
+def chunked(c, b, chunk=29):  # batch x query chunks of 15 queries
+    c = c.reshape(B, N, chunk, T // chunk, T)
+    b = b.reshape(B, chunk, T // chunk, T)
+    g = jnp.einsum("bncts,bctsk->bckn", c, one_hot(b, c.dtype), preferred_element_type=jnp.float32)
+    return g.sum((0, 1))
+
+
+def masked_sum(c, b):
+    hit = b[:, None, :, :, None] == jnp.arange(K)
+    return jnp.where(hit, c[..., None].astype(jnp.float32), 0.0).sum((0, 2, 3)).T
+
+
+def segment(c, b):
+    rows = jnp.moveaxis(c, 1, -1).reshape(-1, N).astype(jnp.float32)
+    return jax.ops.segment_sum(rows, b.reshape(-1), num_segments=K)
+
+
+def layer_grads(c, b):  # twelve layers' gradients summed first, one contraction
+    total = sum(c * (1.0 + i / 100) for i in range(12))
+    return rb.table_gradient(total, b, K)
+
+
+def twelve_contractions(c, b):
+    return sum(rb.table_gradient(c * (1.0 + i / 100), b, K) for i in range(12))
+
+
+results = {}
+
+
+def record(name, fn, *args, **kwargs):
+    """Times one form and rewrites the JSON, so an abort later keeps what ran."""
+    results.update([timed(name, fn, *args, **kwargs)])
+    with open(f"{out}/bias_speed.json", "w") as f:
+        json.dump({"shape": [B, N, T, T], "buckets": K, "ms": results}, f, indent=1)
+
+
+record("table_gradient (model, one layer)", lambda c, b: rb.table_gradient(c, b, K), cot, buckets)
+record("table_gradient x12 (model, one step)", twelve_contractions, cot, buckets)
+record("sum of 12 cotangents, one contraction", layer_grads, cot, buckets)
+record("per-batch einsum then sum", per_batch, cot, buckets)
+record("batch x query-chunk einsum then sum", chunked, cot, buckets)
+record("masked sum (fused reduction)", masked_sum, cot, buckets)
+record("segment_sum (scatter-add)", segment, cot, buckets)
+record(
+    "bias made once (_contract, bf16)",
+    lambda b, t: rb._contract(b, t, jnp.bfloat16),
+    buckets,
+    table,
+)
+
+# A layer's roll of the bias and its gradient: jnp.roll's autodiff against cudnn.roll's.
+shifts = tuple(jax.random.randint(keys[7], (2,), 1, T))
+for name, fn in [("jnp.roll", jnp.roll), ("cudnn.roll", roll)]:
+    grad = jax.grad(lambda x, s, f=fn: jnp.sum(f(x, s, (2, 3)).astype(jnp.float32) ** 2))
+    record(f"bias roll fwd+bwd ({name})", grad, cot, shifts)
+
+q, k, v = (jax.random.normal(keys[3 + i], (B, T, N, H), jnp.bfloat16) for i in range(3))
+mask = jnp.ones((B, 1, T, T), bool)
+rng = keys[6]
+
+
+def attention_layer(bias):
+    def loss(q, k, v, bias):
+        out = cudnn_attend(q, k, v, mask, bias, dropout=(0.1, rng))
+        return out.astype(jnp.float32).sum()
+
+    return jax.grad(loss, argnums=(0, 1, 2) if bias is None else (0, 1, 2, 3))
+
+
+for name, bias in [
+    ("cuDNN layer fwd+bwd, bias [B,N,T,S]", cot),
+    ("cuDNN layer fwd+bwd, bias [1,N,T,S]", cot[:1]),
+    ("cuDNN layer fwd+bwd, no bias", None),
+]:
+    record(name, attention_layer(bias), q, k, v, bias, options=COMPILER_OPTIONS)
