@@ -37,7 +37,7 @@ from maelm_jax.hardware import tpu_chips
 from maelm_jax.kernels import summary, trace_files
 from maelm_jax.model import flop_count
 from maelm_jax.run_config import RunConfig
-from maelm_jax.training import metric_logging, step_speed
+from maelm_jax.training import step_speed
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -196,7 +196,7 @@ def run_input() -> None:
 
 
 def main(argv):
-    metric_logging.quiet_library_logs()
+    cli.quiet_library_logs()
     commands = {
         "speed": run_speed,
         "checkpoint": run_checkpoint,

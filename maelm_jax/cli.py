@@ -14,6 +14,7 @@ light here so that bad flags are answered before jax or TensorFlow load.
 
 import contextlib
 import importlib.util
+import logging as python_logging
 import os
 import sys
 import traceback
@@ -26,6 +27,18 @@ from maelm_jax.run_config import ConfigError
 
 EXIT_USAGE = 2
 CONFIG_FLAG = "config"
+
+
+class _QuietLibraries(python_logging.Filter):
+    """Orbax narrates every save at INFO; keep its warnings and errors, drop the rest."""
+
+    def filter(self, record: python_logging.LogRecord) -> bool:
+        return record.levelno >= python_logging.WARNING or "/orbax/" not in record.pathname
+
+
+def quiet_library_logs() -> None:
+    """Installs the filter on absl's handler (call from an absl `main`)."""
+    logging.get_absl_handler().addFilter(_QuietLibraries())
 
 
 def exit_now(status: int, message: str | None = None, prog: str = "maelm_jax") -> NoReturn:

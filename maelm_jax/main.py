@@ -93,9 +93,9 @@ def _run(run: RunConfig) -> tuple[int, str | None]:
         CheckpointSaveError,
         silence_writes_after_a_failed_save,
     )
-    from maelm_jax.training import metric_logging, preemption, train
+    from maelm_jax.training import preemption, train
 
-    metric_logging.quiet_library_logs()
+    cli.quiet_library_logs()
     silence_writes_after_a_failed_save()
     if FLAGS.profiler_port:
         jax.profiler.start_server(FLAGS.profiler_port)  # launch/profile.sh captures from it

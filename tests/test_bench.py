@@ -3,6 +3,10 @@ config's own (pod-sized) batch that does not fit is one line naming it."""
 
 import importlib
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -114,3 +118,15 @@ def test_a_program_read_from_the_persistent_cache_counts_as_a_compile():
 def test_mfu_divides_by_the_devices_published_bf16_peak(device_kind, bf16_peak):
     assert step_speed.mfu(0.5 * bf16_peak * 4, device_kind, "bfloat16", 4) == pytest.approx(0.5)
     assert step_speed.mfu(1e12, "cpu", "bfloat16", 1) is None
+
+
+def test_bench_starts_without_tensorflow():
+    """TensorFlow (~5 s to import, through clu's TensorBoard writer) is for training's
+    summaries: `bench` and its step timing load without it."""
+    code = "import sys, maelm_jax.bench; print('tensorflow' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parent.parent)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False"]

@@ -38,7 +38,7 @@ from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
 from maelm_jax.run_config import ConfigError
 from maelm_jax.step import programs, sharding
-from maelm_jax.training import metric_logging, train
+from maelm_jax.training import metric_logging
 
 STEPS = 32
 EVERY = 8
@@ -451,7 +451,7 @@ def test_nan_with_skip_keeps_params_and_optimizer_state_for_that_step(corpus):
     history, nonfinite = [jax.device_get(state)], []
     with sharding.activate(progs.mesh, progs.rules):
         for step in range(3):  # step 0 has learning rate 0 (warmup): watch steps 1 and 2
-            batch = train.global_batch(progs, _batch(step, config.vocab_size))
+            batch = progs.global_batch(_batch(step, config.vocab_size))
             state, metrics = progs.train_step(state, batch)
             history.append(jax.device_get(state))
             nonfinite.append(int(metrics["nonfinite"]))

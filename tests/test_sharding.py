@@ -15,7 +15,6 @@ from maelm_jax.model import logical_axes
 from maelm_jax.model.encoder import TokenEmbedding
 from maelm_jax.run_config import ConfigError
 from maelm_jax.step import programs, sharding
-from maelm_jax.training import train
 
 VOCAB = 300
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)]
@@ -44,7 +43,7 @@ def one_step(config, devices):
     progs = programs.build(configuration.freeze(config), mesh, VOCAB)
     state = progs.initialize(jax.random.PRNGKey(0))
     with sharding.activate(mesh, progs.rules):
-        state, metrics = progs.train_step(state, train.global_batch(progs, batch_rows()))
+        state, metrics = progs.train_step(state, progs.global_batch(batch_rows()))
     return float(metrics["loss"]), jax.device_get(state.params)
 
 
@@ -94,7 +93,7 @@ def test_batch_rows_split_over_data_and_fsdp():
     config = config_for("mlm", "self", (2, 2, 2))
     mesh = sharding.create_mesh(configuration.freeze(config).mesh)
     progs = programs.build(configuration.freeze(config), mesh, VOCAB)
-    batch = train.global_batch(progs, batch_rows())["input_ids"]
+    batch = progs.global_batch(batch_rows())["input_ids"]
     assert batch.sharding.spec == P(("data", "fsdp"))
     assert {s.data.shape for s in batch.addressable_shards} == {(2, 32)}
 

@@ -7,7 +7,6 @@ from tiny_configs import tiny_config
 
 from maelm_jax import configuration
 from maelm_jax.step import optimizer, programs, sharding
-from maelm_jax.training import train
 
 
 def two_updates(config):
@@ -20,7 +19,7 @@ def two_updates(config):
     before = jax.device_get(state.params)
     with sharding.activate(mesh, progs.rules):
         for seed in (0, 1):
-            batch = train.global_batch(progs, batch_rows(seed))
+            batch = progs.global_batch(batch_rows(seed))
             state, metrics = progs.train_step(state, batch)
     return jax.device_get(metrics), before, jax.device_get(state.params)
 

@@ -47,11 +47,11 @@ def entropy(counts: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def eval_unigram_loss(progs, eval_batches, global_batch) -> float:
+def eval_unigram_loss(progs, eval_batches) -> float:
     """The baseline over all eval batches; collective (every process calls it), like eval.
 
-    `global_batch(progs, local_rows)` assembles a process's rows as `evaluate` does, so the
-    rows counted here are the rows the eval step scores.
+    `progs.global_batch` assembles a process's rows as `evaluate` does, so the rows counted
+    here are the rows the eval step scores.
     """
     count = jax.jit(
         functools.partial(token_counts, masking_cfg=progs.masking_cfg),
@@ -60,6 +60,6 @@ def eval_unigram_loss(progs, eval_batches, global_batch) -> float:
     )
     total = np.zeros(progs.masking_cfg.vocab_size, np.float64)
     for local_rows in eval_batches:
-        batch = global_batch(progs, local_rows)
+        batch = progs.global_batch(local_rows)
         total += np.asarray(jax.device_get(count(batch["input_ids"])))
     return entropy(total)

@@ -94,7 +94,7 @@ def format_passages(guesses: dict, tokenizer: Tokenizer, num_passages: int) -> s
 
 
 def print_fill_in(
-    progs, params, eval_batches, global_batch, tokenizer: Tokenizer, seed: int, num_passages=3
+    progs, params, eval_batches, tokenizer: Tokenizer, seed: int, num_passages=3
 ) -> None:
     """Prints `format_passages` on process 0; collective (every process computes)."""
     if not eval_batches:
@@ -106,7 +106,7 @@ def print_fill_in(
         in_shardings=(progs.state_shardings.params, progs.batch_sharding),
         out_shardings=NamedSharding(progs.mesh, PartitionSpec()),
     )
-    batch = global_batch(progs, eval_batches[0])
+    batch = progs.global_batch(eval_batches[0])
     guesses = {
         k: np.asarray(v) for k, v in jax.device_get(guess(params, batch["input_ids"])).items()
     }

@@ -47,6 +47,11 @@ class Programs:
         )
         return {"input_ids": shape}
 
+    def global_batch(self, local_rows) -> dict:
+        """This process's rows -> one global array sharded over the mesh's batch axes."""
+        array = jax.make_array_from_process_local_data(self.batch_sharding, local_rows)
+        return {"input_ids": array}
+
     def initialize(self, rng: jax.Array) -> train_state.TrainState:
         with sharding.activate(self.mesh, self.rules):
             return train_state.initialize(self.init_fn, rng, self.state_shardings)

@@ -6,7 +6,6 @@ appear again, and readers should keep the last line per step. Only process 0 wri
 """
 
 import json
-import logging
 import math
 import os
 from collections.abc import Mapping
@@ -14,7 +13,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import logging as absl_logging
 from clu import metric_writers
 from etils import epath
 
@@ -77,18 +75,6 @@ class JsonlWriter(metric_writers.MetricWriter):
 
     def write_hparams(self, hparams):
         pass
-
-
-class _QuietLibraries(logging.Filter):
-    """Orbax narrates every save at INFO; keep its warnings and errors, drop the rest."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
-
-
-def quiet_library_logs() -> None:
-    """Installs the filter on absl's handler (call from an absl `main`)."""
-    absl_logging.get_absl_handler().addFilter(_QuietLibraries())
 
 
 def create_writer(workdir: str | os.PathLike) -> metric_writers.MetricWriter:

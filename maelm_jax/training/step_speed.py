@@ -26,7 +26,6 @@ from maelm_jax.hardware import accelerators
 from maelm_jax.model import flop_count
 from maelm_jax.run_config import RunConfig
 from maelm_jax.step import programs, sharding
-from maelm_jax.training import train
 
 
 class DoesNotFit(Exception):
@@ -81,7 +80,7 @@ class Timed:
             (config.batch_size // jax.process_count(), config.seq_len),
         )
         rows[:, 0] = BOS_ID
-        self.batch = train.global_batch(self.progs, rows.astype(np.int32))
+        self.batch = self.progs.global_batch(rows.astype(np.int32))
         self.flops = flop_count.step_flops(config, flop_count.num_params(config))
         try:
             self.compile_s = self.run(1)

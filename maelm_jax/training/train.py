@@ -36,17 +36,11 @@ def evaluate(progs: programs.Programs, params, eval_batches) -> dict[str, float]
     """Masked-token loss and accuracy over the fixed eval batches."""
     totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
     for index, local_rows in enumerate(eval_batches):
-        batch = global_batch(progs, local_rows)
+        batch = progs.global_batch(local_rows)
         sums = jax.device_get(progs.eval_step(params, batch, np.int32(index)))
         for key in totals:
             totals[key] += float(sums[key])
     return _host_metrics(totals, "eval")
-
-
-def global_batch(progs: programs.Programs, local_rows: np.ndarray) -> dict:
-    """This process's rows -> one global array sharded over the mesh's batch axes."""
-    array = jax.make_array_from_process_local_data(progs.batch_sharding, local_rows)
-    return {"input_ids": array}
 
 
 class _TrainMetrics:
@@ -214,7 +208,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     baseline = {}
     if loop.eval_batches:
         with sharding.activate(mesh, progs.rules):
-            value = unigram.eval_unigram_loss(progs, data.eval, global_batch)
+            value = unigram.eval_unigram_loss(progs, data.eval)
         baseline = {"eval/unigram_loss": value}
         logging.info("Eval unigram baseline (no context): %.3f nats per token", value)
 
@@ -230,7 +224,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
             for step in range(start_step, loop.num_train_steps):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, metrics = progs.train_step(
-                        state, global_batch(progs, next(train_batches))
+                        state, progs.global_batch(next(train_batches))
                     )
                 totals.push(step, metrics)
                 done = step + 1
@@ -260,9 +254,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
                     break
             totals.settle()
             if int(jax.device_get(state.step)) == loop.num_train_steps:
-                fill_in.print_fill_in(
-                    progs, state.params, data.eval, global_batch, tokenizer, run.seed
-                )
+                fill_in.print_fill_in(progs, state.params, data.eval, tokenizer, run.seed)
     finally:
         profile.close()
         preemption.close()
