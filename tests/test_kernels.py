@@ -31,6 +31,10 @@ STEPS, TOP = 3, 10
         ("loop_fusion", "elementwise"),
         ("loop_add_fusion_7", "elementwise"),
         ("input_reduce_fusion", "reductions"),
+        ("input_add_reduce_fusion", "reductions"),
+        ("input_transpose_fusion", "copies"),  # XLA GPU emits transposes as input fusions
+        ("input_concatenate_fusion.2", "copies"),
+        ("input_fusion", "reductions"),
         ("all-reduce.263", "collectives"),
         ("ncclDevKernel_AllGather_RING_LL", "collectives"),
         ("while.1342", "other"),
