@@ -89,6 +89,11 @@ def layer_grads(c, b):  # twelve layers' gradients summed first, one contraction
     return rb.table_gradient(total, b, K)
 
 
+def layer_grads_float32(c, b):  # the model's "summed": a float32 sum, a float32 contraction
+    total = sum(c.astype(jnp.float32) * (1.0 + i / 100) for i in range(12))
+    return rb.table_gradient(total, b, K)
+
+
 def twelve_contractions(c, b):
     return sum(rb.table_gradient(c * (1.0 + i / 100), b, K) for i in range(12))
 
@@ -106,6 +111,7 @@ def record(name, fn, *args, **kwargs):
 record("table_gradient (model, one layer)", lambda c, b: rb.table_gradient(c, b, K), cot, buckets)
 record("table_gradient x12 (model, one step)", twelve_contractions, cot, buckets)
 record("sum of 12 cotangents, one contraction", layer_grads, cot, buckets)
+record("float32 sum of 12, one float32 contraction", layer_grads_float32, cot, buckets)
 record("per-batch einsum then sum", per_batch, cot, buckets)
 record("batch x query-chunk einsum then sum", chunked, cot, buckets)
 record("masked sum (fused reduction)", masked_sum, cot, buckets)
