@@ -10,6 +10,7 @@
 #   modern32  modern_mlm_base at 32 x 1024, one process per setting, for its peak memory
 #   before    mlm_base as the checkout BEFORE runs it (skipped without one)
 #   variants  mlm_base with one GPU default undone at a time
+#   mae_variants  mae_lm_base with its bias's gradient summed (the GPU default) and per layer
 #   bias      launch/gpu/bias_speed.py: MAE-LM's per-example relative bias, piece by piece
 #   kernels   python -m maelm_jax.bench kernels on mlm_base and mae_lm_base: kernels by category
 # Each part has a time limit and the next runs whatever happened. Everything lands in
@@ -25,7 +26,7 @@
 # clu, torch and transformers; TensorFlow is not needed (jax_speed.py stands in for it).
 set -uo pipefail
 
-all=tests,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,bias,kernels
+all=tests,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,mae_variants,bias,kernels
 out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
 before=${2:--}
 parts=,${3:-$all},
@@ -98,6 +99,10 @@ fi
 if wanted variants; then
   part 240 variants "${speed[@]}" "$repo" "$results" \
     variants=mlm_base+mlm_base:dropout_rng_impl=threefry+mlm_base:model.scan_unroll=1+mlm_base:model.attention_dropout_rate=0.0
+fi
+if wanted mae_variants; then
+  part 240 mae_variants "${speed[@]}" "$repo" "$results" \
+    mae_variants=mae_lm_base+mae_lm_base:model.relative_bias_grad=per_layer@64x512
 fi
 if wanted bias; then
   part 90 bias python3 "$here/bias_speed.py" "$repo" "$results"
