@@ -41,10 +41,8 @@ class Programs:
         outside `sharding.activate` (works inside too, but needs no mesh)."""
         return train_state.sharded_shapes(self.boxed_state, self.state_shardings)
 
-    def abstract_batch(self, global_batch: int, seq_len: int) -> dict:
-        shape = jax.ShapeDtypeStruct(
-            (global_batch, seq_len), jnp.int32, sharding=self.batch_sharding
-        )
+    def abstract_batch(self, batch_size: int, seq_len: int) -> dict:
+        shape = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=self.batch_sharding)
         return {"input_ids": shape}
 
     def global_batch(self, local_rows) -> dict:
