@@ -24,7 +24,10 @@ needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
     reason='libtpu is not installed (pip install "jax[tpu]==0.10.2"); TPU compiles need it',
 )
-MODEL = dict(hidden_size=128, mlp_dim=512, num_layers=4)
+# Dropout's random bits are about a third of a tiny step's TPU compile (10.6 -> 7.4 s) and
+# nothing here is about them; the splash test keeps them, as its subject.
+NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0)
+MODEL = dict(hidden_size=128, mlp_dim=512, num_layers=4, **NO_DROPOUT)
 
 
 def hand_count_flops(c) -> float:
@@ -145,7 +148,11 @@ def test_cli_step_that_does_not_fit_exits_nonzero(tmp_path):
 @needs_libtpu
 def test_two_slices_build_a_hybrid_mesh():
     report = analyze.analyze(
-        configuration.freeze(tiny_config()), "v5p-8", num_slices=2, flops="skip", step_time="skip"
+        configuration.freeze(tiny_config(**NO_DROPOUT)),
+        "v5p-8",
+        num_slices=2,
+        flops="skip",
+        step_time="skip",
     )
     assert (report.num_devices, report.num_slices, report.fits) == (8, 2, True)
     assert report.mesh_shape == {"data": 2, "fsdp": 4, "tensor": 1}  # data over DCN
@@ -158,7 +165,7 @@ def fast_and_near():
     """The smallest tiny step on v5p-8 analysed twice: at the default (fast) effort, then with
     HBM such that the fast total is 90% of it, where the verdict must come from a full
     compile (the probes' kind, which the max_batch test starts from)."""
-    config = configuration.freeze(tiny_config())
+    config = configuration.freeze(tiny_config(**NO_DROPOUT))
     fast = analyze.analyze(config, "v5p-8", flops="skip", step_time="skip")
     near = analyze.analyze(
         config, "v5p-8", flops="skip", step_time="skip", hbm_bytes=int(fast.memory.total / 0.9)
@@ -182,7 +189,7 @@ def test_a_fast_compile_near_the_limit_is_redone_at_full_effort(fast_and_near):
 def test_max_batch_fits_and_its_double_does_not(fast_and_near):
     _, first = fast_and_near  # the same step, compiled at full effort (the probes' kind)
     assert (first.effort, first.batch_size) == ("full", 8)
-    config = tiny_config()  # the search needs no width; the smallest step compiles fastest
+    config = tiny_config(**NO_DROPOUT)  # no width needed; the smallest step compiles fastest
     run = configuration.freeze(config)
     devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
     hbm = int(first.memory.total * 1.05)  # a bound that bites within a few batch units
@@ -242,7 +249,7 @@ def _estimated_and_deep(run):
 @needs_libtpu
 def test_step_time_from_shallow_programs_is_the_deep_unrolled_programs():
     """Two and three layers' differences, extrapolated, against the whole unrolled step."""
-    run = configuration.freeze(tiny_config(num_layers=3, num_decoder_layers=3))
+    run = configuration.freeze(tiny_config(num_layers=3, num_decoder_layers=3, **NO_DROPOUT))
     estimated, direct = _estimated_and_deep(run)
     assert estimated.encoder_layer_seconds > 0 and estimated.decoder_layer_seconds > 0
     assert estimated.seconds == pytest.approx(direct, rel=0.02)
@@ -255,7 +262,7 @@ def test_step_time_of_alternating_global_and_local_layers_is_the_deep_programs()
     """The modern encoder's layers (global, local, local, global, local) cost differently
     once the local ones run blocked (at this tiny size the blocks' overhead makes a local
     layer the dearer): one more shallow program prices a global layer."""
-    modern = dict(backbone="modern", local_attention=4, local_attention_block=4)
+    modern = dict(backbone="modern", local_attention=4, local_attention_block=4, **NO_DROPOUT)
     run = configuration.freeze(tiny_config("mlm", num_layers=5, **modern))
     estimated, direct = _estimated_and_deep(run)
     assert estimated.global_layer_seconds > 0 and estimated.encoder_layer_seconds > 0

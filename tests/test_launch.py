@@ -261,7 +261,10 @@ def test_preflight_refuses_a_config_that_does_not_fit(tmp_path):
     config = tmp_path / "tiny.py"
     config.write_text(
         "from tests.tiny_configs import tiny_config\n\n\n"
-        "def get_config():\n    c = tiny_config(seq_len=16)\n    c.batch_size = 4\n    return c\n"
+        "def get_config():\n"
+        "    c = tiny_config(seq_len=16, dropout_rate=0.0, attention_dropout_rate=0.0)\n"
+        "    c.batch_size = 4\n"
+        "    return c\n"
     )
     result = launch(
         "create.sh", "--name=t", "--zone=z", "--accelerator_type=v4-8", f"--config={config}",

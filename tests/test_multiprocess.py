@@ -36,7 +36,7 @@ from maelm_jax.training import metric_logging, train
 STEPS = 8
 PROCESSES = 2
 TIMEOUT = 300  # seconds for a whole multi-process run: a deadlock fails, never hangs
-_LOGGED = re.compile(r"logging_writer\.py:\d+\] \[(\d+)\] (.*)$", re.MULTILINE)
+_LOGGED = re.compile(r"metric_logging\.py:\d+\] \[(\d+)\] (.*)$", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +105,7 @@ def progs(run, tokenizer):
 
 
 def _logged_rows(log: str) -> dict[int, dict[str, str]]:
-    """clu LoggingWriter lines `[step] key=value, ...` -> {step: {key: value as printed}}."""
+    """LoggingWriter lines `[step] key=value, ...` -> {step: {key: value as printed}}."""
     rows: dict[int, dict[str, str]] = {}
     for step, body in _LOGGED.findall(log):
         for item in body.split(", "):

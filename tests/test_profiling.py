@@ -14,7 +14,7 @@ from tiny_configs import tiny_run_config
 from maelm_jax import configuration
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.model import flop_count
-from maelm_jax.training import metric_logging, profiling, train
+from maelm_jax.training import metric_logging, profiling, telemetry, train
 
 REGIONS = ("encoder", "decoder", "lm_head", "loss", "optimizer")
 START, NUM = 3, 2
@@ -29,7 +29,7 @@ def profiled_run(tmp_path_factory):
         corpus,
         num_train_steps=8,
         eval_batches=0,
-        checkpoint_every_steps=100,
+        checkpoint_every_steps=4,
         profile_start_step=START,
         profile_num_steps=NUM,
         peak_flops_per_device=1e12,
@@ -98,6 +98,17 @@ def test_metrics_carry_model_flops_and_mfu(profiled_run):
     assert tflops_per_token * 1e12 == pytest.approx(flops_per_token, rel=0.05)
     assert last["mfu"] == pytest.approx(last["model_tflops_per_sec"] / 8, rel=1e-6)  # 8 x 1 TF/s
     assert last["eta_seconds"] == 0.0
+    tokens_per_step = c.batch_size * c.seq_len
+    assert last["tokens_per_sec"] == pytest.approx(last["steps_per_sec"] * tokens_per_step)
+    # The save after step 4's line falls in step 5's window, and in no other.
+    shares = {step: row.get("time_share/checkpoint") for step, row in metrics.items()}
+    assert 0 < shares.pop(5) <= 1 and set(shares.values()) == {None}, shares
+
+
+def test_progress_line_gives_the_rate_and_eta_once_the_clock_runs():
+    assert telemetry.progress_line(3, 24, {}) == "step 3/24 (12%)"
+    row = {"steps_per_sec": 2.5, "eta_seconds": 3725.4}
+    assert telemetry.progress_line(12, 24, row) == "step 12/24 (50%): 2.5 steps/s, ETA 1:02:05"
 
 
 def test_no_window_no_trace_even_at_the_default_start_step(monkeypatch, tmp_path):

@@ -59,6 +59,30 @@ def test_loss_falls_and_both_logs_are_written(two_runs):
     assert len(acc.Tensors("train/loss")) == 24
 
 
+def test_the_loop_and_its_writers_load_without_tensorflow(tmp_path):
+    """TensorFlow (~5 s of import per process) is not needed to train on local text and log:
+    a fresh process imports the loop, writes every log file, and has not loaded it. (The
+    TensorBoard stub behind tensorboard's own EventFileWriter would: on its first write.)"""
+    code = (
+        "import sys; from maelm_jax.training import metric_logging, train\n"
+        f"w = metric_logging.create_writer({str(tmp_path)!r})\n"
+        "w.write_scalars(1, {'train/loss': 2.5}); w.close()\n"
+        "print('tensorflow' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False"]
+    (events,) = glob.glob(str(tmp_path / "events.out.tfevents.*"))
+    acc = event_accumulator.EventAccumulator(events, size_guidance={"tensors": 0})
+    acc.Reload()
+    (value,) = acc.Tensors("train/loss")
+    assert value.step == 1 and value.tensor_proto.float_val == [2.5]
+    assert metric_logging.read_metrics(tmp_path) == {1: {"step": 1, "train/loss": 2.5}}
+
+
 def test_the_demo_recipe_reads_context_on_a_small_variant(corpus, tmp_path):
     """configs/default.py's recipe (local relative biases in encoder and decoder, no dropout),
     shrunk: its eval loss ends well below the eval data's unigram entropy, and falls."""

@@ -1,8 +1,8 @@
-"""Where metrics go: TensorBoard and the log (clu's default writer) plus `metrics.jsonl`.
+"""Where metrics go: the log, TensorBoard (`tensorboard_events`) and `metrics.jsonl`.
 
 `metrics.jsonl` holds one JSON object per write, `{"step": N, "train/loss": ..., ...}`, so a
 script can read a run without TensorBoard. A resumed run appends; steps re-run after a crash
-appear again, and readers should keep the last line per step. Only process 0 writes.
+appear again, and readers should keep the last line per step. Only process 0 writes files.
 """
 
 import json
@@ -13,78 +13,71 @@ from typing import Any
 
 import jax
 import numpy as np
-from clu import metric_writers
+from absl import logging
 from etils import epath
+
+from maelm_jax.training.appended_file import AppendedFile
+from maelm_jax.training.tensorboard_events import TensorBoardWriter
 
 METRICS_FILENAME = "metrics.jsonl"
 
 
-class JsonlWriter(metric_writers.MetricWriter):
-    """Scalars as JSON lines. Local files are appended to; object stores (gs://) cannot
-    append, so there the whole file is rewritten on each flush (it stays small)."""
+class LoggingWriter:
+    """`[step] key=value, ...` in the log, keys sorted: every process's own console."""
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+        items = sorted(scalars.items())
+        values = [f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in items]
+        logging.info("[%d] %s", step, ", ".join(values))
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlWriter:
+    """Scalars as JSON lines, one per write (non-finite values as strings)."""
 
     def __init__(self, path: str | os.PathLike):
-        self._path = epath.Path(path)
-        self._remote = "://" in os.fspath(path)
-        self._pending: list[str] = []
-        self._existing = ""
-        if self._remote and self._path.exists():
-            self._existing = self._path.read_text()
+        self._file = AppendedFile(path)
 
-    def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         row = {"step": int(step)}
         for key, value in scalars.items():
             value = float(np.asarray(value))
             row[key] = value if math.isfinite(value) else str(value)
-        self._pending.append(json.dumps(row))
-        self.flush()
+        self._file.write((json.dumps(row) + "\n").encode())
+        self._file.flush()
 
-    def flush(self):
-        if not self._pending:
-            return
-        lines = "".join(line + "\n" for line in self._pending)
-        self._pending = []
-        if self._remote:
-            self._existing += lines
-            self._path.write_text(self._existing)
-        else:
-            with open(self._path, "a") as f:
-                f.write(lines)
-
-    def close(self):
-        self.flush()
-
-    # Only scalars go to JSON; everything else is TensorBoard's.
-    def write_summaries(self, step, values, metadata=None):
-        pass
-
-    def write_images(self, step, images):
-        pass
-
-    def write_videos(self, step, videos):
-        pass
-
-    def write_audios(self, step, audios, *, sample_rate):
-        pass
-
-    def write_texts(self, step, texts):
-        pass
-
-    def write_histograms(self, step, arrays, num_buckets=None):
-        pass
-
-    def write_hparams(self, hparams):
-        pass
+    def close(self) -> None:
+        self._file.close()
 
 
-def create_writer(workdir: str | os.PathLike) -> metric_writers.MetricWriter:
-    """TensorBoard + log + metrics.jsonl on process 0; other processes only log to their own
+class Writers:
+    """Every write goes to each writer in turn."""
+
+    def __init__(self, writers: list):
+        self._writers = writers
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+        for writer in self._writers:
+            writer.write_scalars(step, scalars)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+
+
+def create_writer(workdir: str | os.PathLike) -> Writers:
+    """Log + TensorBoard + metrics.jsonl on process 0; other processes only log to their own
     console (so a host's losses can be compared) and write no files."""
     if jax.process_index() != 0:
-        return metric_writers.LoggingWriter()
-    default = metric_writers.create_default_writer(os.fspath(workdir), asynchronous=False)
-    return metric_writers.MultiWriter(
-        [default, JsonlWriter(epath.Path(workdir) / METRICS_FILENAME)]
+        return Writers([LoggingWriter()])
+    return Writers(
+        [
+            LoggingWriter(),
+            TensorBoardWriter(workdir),
+            JsonlWriter(epath.Path(workdir) / METRICS_FILENAME),
+        ]
     )
 
 

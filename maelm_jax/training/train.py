@@ -6,7 +6,6 @@ import os
 import jax
 import numpy as np
 from absl import logging
-from clu import periodic_actions
 
 from maelm_jax import paths
 from maelm_jax.checkpoints import checkpointing
@@ -180,19 +179,12 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     # --- Reporting: process 0 writes, everyone logs its own errors. ---
     loop = run.loop
     writer = metric_logging.create_writer(workdir)
-    report = periodic_actions.ReportProgress(
-        num_train_steps=loop.num_train_steps,
-        writer=writer,
-        every_steps=loop.log_every_steps,
-        every_secs=None,
-    )
     profile = profiling.ProfileWindow(
         workdir,
         loop.profile_start_step,
         loop.profile_num_steps if process_index == 0 else 0,
         start_step,
     )
-    hooks = [report, profile]
     logging.info(
         "Training %s%s for steps %d..%d: %d train blocks here, k=%d of %d tokens masked",
         run.objective,
@@ -228,19 +220,20 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
                     )
                 totals.push(step, metrics)
                 done = step + 1
-                for hook in hooks:
-                    hook(done)
+                profile(done)
                 last = done == loop.num_train_steps
                 preempted = preemption.reached(done)
                 if done % loop.log_every_steps == 0 or last:
-                    writer.write_scalars(done, totals.row())
+                    row = totals.row()
+                    writer.write_scalars(done, row)
+                    logging.info(telemetry.progress_line(done, loop.num_train_steps, row))
                 if loop.eval_batches and (done % loop.eval_every_steps == 0 or last):
-                    with report.timed("eval"):
+                    with throughput.timed("eval"):
                         row = evaluate(progs, state.params, data.eval) | baseline
                         writer.write_scalars(done, row)
                 if last or preempted or done % run.checkpoint.every_steps == 0:
                     totals.settle()  # never checkpoint a step that has not been checked
-                    with report.timed("checkpoint"):
+                    with throughput.timed("checkpoint"):
                         checkpointer.save(done, state, data_position(done), force=True)
                 checkpointer.check_for_errors()
                 if preempted:
