@@ -1,13 +1,11 @@
 """Documents: text files and TFDS shares per process, the eval hold-out, the cap, bad sources."""
 
 import collections
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 from text_corpora import data_config, sample_corpus
+from tiny_configs import printed_by_fresh_python
 
 from maelm_jax.data import default_corpus, documents
 from maelm_jax.data.documents import read_documents, source_bytes
@@ -45,13 +43,7 @@ def test_local_text_files_are_read_without_tensorflow(corpus):
         "print(len(list(read_documents(c, 'train', 0, 1))), source_bytes(c) > 0)\n"
         "print('tensorflow' in sys.modules)\n"
     )
-    tests_dir = pathlib.Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests_dir), str(tests_dir.parent)])}
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == [str(len(docs)), "True", "False"]
+    assert printed_by_fresh_python(code) == [str(len(docs)), "True", "False"]
 
 
 @pytest.mark.parametrize("count", [2, 3])

@@ -100,3 +100,14 @@ def run_command_on_tiny(module: str, directory, model: dict, *args, env=None, ti
         text=True,
         timeout=timeout,
     )
+
+
+def printed_by_fresh_python(code: str) -> list[str]:
+    """The words `python -c code` prints in a new process (the repo and tests/ importable):
+    what a module loads is only visible in a process that has loaded nothing else."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.split()
