@@ -21,10 +21,6 @@ class AppendedFile:
         if self._remote and self._path.exists():
             self._existing = self._path.read_bytes()
 
-    @property
-    def path(self) -> epath.Path:
-        return self._path
-
     def write(self, data: bytes) -> None:
         self._pending.append(data)
 

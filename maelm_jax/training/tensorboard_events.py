@@ -36,10 +36,6 @@ class TensorBoardWriter:
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self._file.flush()
 
-    @property
-    def path(self):
-        return self._file.path
-
     def _write(self, event: event_pb2.Event) -> None:
         self._records.write(event.SerializeToString())
 
