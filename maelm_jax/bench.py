@@ -7,6 +7,8 @@
     python -m maelm_jax.bench kernels --configs=mlm_base --batch_size=64 --seq_len=512 \
         --steps=3 [--top=15] [--logdir=DIR] [--json]
 
+`--configs` takes config names in configs/ or paths to config files (ending in .py).
+
 `speed`: the real sharded train step against this machine's matmul rate
 (`maelm_jax/training/step_speed.py`); `checkpoint`: a save and a restore of a state the
 size of the config's (`maelm_jax/checkpoints/save_speed.py`); `input`: the data side on
@@ -41,7 +43,11 @@ from maelm_jax.training import step_speed
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
-flags.DEFINE_list("configs", ["mlm_base", "three_ml_self_base"], "Config modules in configs/.")
+flags.DEFINE_list(
+    "configs",
+    ["mlm_base", "three_ml_self_base"],
+    "Configs in configs/ by name (mlm_base), or config files by path (my_run.py).",
+)
 flags.DEFINE_integer(
     "batch_size",
     None,
@@ -73,18 +79,28 @@ flags.DEFINE_integer("hosts", 8, "`input`: hosts sharing the global batch (v5p-6
 _CONFIG_NAMES = sorted(
     p.stem for p in _CONFIGS_DIR.glob("*.py") if "\ndef get_config(" in p.read_text()
 )
+
+
+def _is_config(name: str) -> bool:
+    return name in _CONFIG_NAMES or (name.endswith(".py") and os.path.isfile(name))
+
+
 flags.register_validator(
     "configs",
-    lambda names: all(name in _CONFIG_NAMES for name in names),
-    message=f"--configs names a config that is not in {_CONFIGS_DIR}; the configs there: "
-    + ", ".join(_CONFIG_NAMES),
+    lambda names: all(_is_config(name) for name in names),
+    message=f"--configs names a config that is not in {_CONFIGS_DIR} nor a .py file that "
+    "exists; the configs there: " + ", ".join(_CONFIG_NAMES),
 )
 FLAGS = flags.FLAGS
 
 
 def _config(name: str, dtype: str | None = None) -> RunConfig:
-    """configs/`name`.py with the command's --batch_size, --seq_len and `dtype`, frozen."""
-    config = importlib.import_module(f"configs.{name}").get_config()
+    """configs/`name`.py (or the config file `name`, a path ending in .py) with the command's
+    --batch_size, --seq_len and `dtype`, frozen."""
+    if name.endswith(".py"):
+        config = cli.load_config_file(name, flag="configs")
+    else:
+        config = importlib.import_module(f"configs.{name}").get_config()
     if FLAGS.batch_size:
         config.batch_size = FLAGS.batch_size
     if FLAGS.seq_len:

@@ -60,12 +60,13 @@ def _config_path(argv: list[str]) -> str | None:
     return None
 
 
-def load_config_file(path: str):
-    """The ConfigDict of config file `path`; ConfigError when there is none to load."""
+def load_config_file(path: str, flag: str = CONFIG_FLAG):
+    """The ConfigDict of config file `path`, given as `--flag`; ConfigError when there is none
+    to load."""
     if not os.path.isfile(path):
         what = "a directory" if os.path.isdir(path) else "no such file"
         raise ConfigError(
-            f"--{CONFIG_FLAG}={path}: {what}; give a Python file defining get_config(), "
+            f"--{flag}={path}: {what}; give a Python file defining get_config(), "
             "e.g. configs/default.py"
         )
     spec = importlib.util.spec_from_file_location("maelm_jax_config_file", path)
@@ -74,11 +75,11 @@ def load_config_file(path: str):
         spec.loader.exec_module(module)
     except Exception as e:
         raise ConfigError(
-            f"--{CONFIG_FLAG}={path}: the file fails to load ({type(e).__name__}: {e})"
+            f"--{flag}={path}: the file fails to load ({type(e).__name__}: {e})"
         ) from None
     if not callable(getattr(module, "get_config", None)):
         raise ConfigError(
-            f"--{CONFIG_FLAG}={path} defines no get_config(); a config file is a Python "
+            f"--{flag}={path} defines no get_config(); a config file is a Python "
             "module whose get_config() returns an ml_collections.ConfigDict"
         )
     return module.get_config()

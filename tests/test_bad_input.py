@@ -223,6 +223,10 @@ BENCH_CASES = {
         ["speed", "--configs=nope"],
         ["--configs names a config that is not in", "configs there: base, default, mae_lm_base,"],
     ),
+    "missing_config_file": (
+        ["speed", "--configs=default,my_configs/nope.py"],
+        ["--configs names a config that is not in", "nor a .py file that exists"],
+    ),
     # --steps=0 and --seq_len=1 are refused by the same flag bounds.
     "negative_batch": (["speed", "--batch_size=-8"], ["--batch_size=-8", "not a positive integer"]),
 }

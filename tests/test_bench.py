@@ -1,7 +1,6 @@
 """`bench speed`: its FLOP rates come from the count training logs, no step recompiles, and a
 config's own (pod-sized) batch that does not fit is one line naming it."""
 
-import importlib
 import json
 
 import jax
@@ -10,22 +9,33 @@ import pytest
 from test_bad_input import assert_one_line_error, run_command
 from tiny_configs import printed_by_fresh_python
 
-from maelm_jax import configuration
+from configs import default
+from maelm_jax import cli, configuration
 from maelm_jax.model import flop_count
 from maelm_jax.training import step_speed
 
 ARGS = dict(seq_len=32, batch_size=2)
+# A config file of the user's own, by path: the demo model at a quarter of its width.
+SMALL = """from configs import default
 
 
-def expected_flops(name: str) -> float:
-    config = importlib.import_module(f"configs.{name}").get_config()
+def get_config():
+    c = default.get_config()
+    c.model.num_layers, c.model.hidden_size, c.model.mlp_dim = 2, 64, 128
+    return c
+"""
+
+
+def expected_flops(config) -> float:
     config.seq_len, config.batch_size = ARGS["seq_len"], ARGS["batch_size"]
     run = configuration.freeze(config)
     return flop_count.step_flops(run, flop_count.num_params(run))
 
 
-def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():
-    names = ["default", "mlm_base"]
+def test_speed_reports_model_flops_against_the_matmul_and_no_recompile(tmp_path):
+    small = tmp_path / "small.py"
+    small.write_text(SMALL)
+    names = [str(small), "default"]
     flags = [f"--{k}={v}" for k, v in ARGS.items()]
     result = run_command(
         [
@@ -33,8 +43,8 @@ def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():
             "speed",
             f"--configs={','.join(names)}",
             *flags,
-            "--rounds=2",  # medians of two rounds: each round is 4 s of mlm_base's step here
-            "--steps=1",
+            "--rounds=2",
+            "--steps=2",
             "--json",
         ],
         timeout=600,
@@ -45,10 +55,11 @@ def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():
     assert report["matmul"]["dtype"] == "float32"  # CPU: emulated bf16 would say nothing
     rows = {row["config"]: row for row in report["configs"]}
     assert list(rows) == names and all(row["dtype"] == "float32" for row in rows.values())
-    flops = {name: expected_flops(name) for name in names}
+    configs = {str(small): cli.load_config_file(str(small)), "default": default.get_config()}
+    flops = {name: expected_flops(config) for name, config in configs.items()}
     for name, row in rows.items():
         assert row["flops_per_step"] == flops[name]
-        assert row["flops_vs_first"] == flops[name] / flops["default"]
+        assert row["flops_vs_first"] == flops[name] / flops[str(small)]
         tokens = ARGS["seq_len"] * ARGS["batch_size"]
         assert (
             abs(row["tokens_per_sec"] - tokens * row["steps_per_sec"])
@@ -57,14 +68,14 @@ def test_speed_reports_model_flops_against_the_matmul_and_no_recompile():
         assert row["of_matmul"] > 0 and row["model_tflops_per_sec"] > 0
         assert row["mfu"] is None  # a CPU has no published peak
     assert report["device_peak_gib"] is None  # nor a memory count
-    default_config = importlib.import_module("configs.default").get_config().model
+    small_model = configs[str(small)].model  # the reference matmul is the first config's MLP
     assert report["matmul"]["shape"] == [
         ARGS["seq_len"] * ARGS["batch_size"],
-        default_config.hidden_size,
-        default_config.mlp_dim,
+        small_model.hidden_size,
+        small_model.mlp_dim,
     ]
-    assert rows["default"]["step_time_vs_first"] == 1.0
-    assert rows["mlm_base"]["step_time_vs_first"] > 1.0  # 12 x 768 against the demo's model
+    assert rows[str(small)]["step_time_vs_first"] == 1.0
+    assert rows["default"]["step_time_vs_first"] > 1.0  # twice the layers, 4x the width
 
 
 def test_speed_at_a_batch_that_does_not_fit_names_it_and_the_flags():

@@ -27,7 +27,7 @@ needs_libtpu = pytest.mark.skipif(
 # Dropout's random bits are about a third of a tiny step's TPU compile (10.6 -> 7.4 s) and
 # nothing here is about them; the splash test keeps them, as its subject.
 NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0)
-MODEL = dict(hidden_size=128, mlp_dim=512, num_layers=4, **NO_DROPOUT)
+MODEL = dict(hidden_size=128, mlp_dim=512, num_layers=2, **NO_DROPOUT)
 
 
 def hand_count_flops(c) -> float:

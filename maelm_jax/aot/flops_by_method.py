@@ -195,8 +195,20 @@ def region_programs(run: RunConfig, batch: int, device) -> dict:
     return regions
 
 
-def measure(run: RunConfig, method: str, devices, mask_rate=None) -> Row:
-    """One method's row: the whole step's XLA costs on `devices`, its regions on one."""
+def _region_costs(fn, args, seen: dict) -> dict:
+    """XLA's costs of one region's program. Methods share regions (3ML-self and 3ML-cross
+    have the same embedding, encoder and LM head): a program lowered to text seen before is
+    not compiled again."""
+    lowered = jax.jit(fn).lower(*args)
+    text = lowered.as_text()
+    if text not in seen:
+        seen[text] = aot.costs(lowered.compile())
+    return seen[text]
+
+
+def measure(run: RunConfig, method: str, devices, mask_rate=None, seen=None) -> Row:
+    """One method's row: the whole step's XLA costs on `devices`, its regions on one.
+    `seen`: region costs by program text, shared by the methods of one table."""
     c = method_config(run, method, mask_rate)
     options = aot.NO_WINDOWED_EINSUM if devices[0].platform == "tpu" else None
     compiled, oom, _, _ = aot.compile_step(c, devices, options)
@@ -208,8 +220,9 @@ def measure(run: RunConfig, method: str, devices, mask_rate=None) -> Row:
     xla, times = {}, {}
     per_device = c.batch_size // len(devices)
     regions = region_programs(c, per_device, devices[0])
+    seen = {} if seen is None else seen
     for name, (fn, args) in regions.items():
-        region = aot.costs(jax.jit(fn).lower(*args).compile())
+        region = _region_costs(fn, args, seen)
         # A region runs on one chip's share of the batch, as each chip runs it in the step
         # (all chips at once): its FLOPs count every chip, its time one. The optimizer
         # program updates every parameter on one chip; the step shards it over all.
@@ -241,7 +254,8 @@ def measure(run: RunConfig, method: str, devices, mask_rate=None) -> Row:
 
 
 def table(run: RunConfig, devices, mask_rate=None, methods=tuple(METHODS)) -> list[Row]:
-    rows = [measure(run, m, devices, mask_rate) for m in methods]
+    seen = {}
+    rows = [measure(run, m, devices, mask_rate, seen) for m in methods]
     base, base_seconds = rows[0].xla_total, rows[0].seconds
     return [
         dataclasses.replace(
