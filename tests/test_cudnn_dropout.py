@@ -9,6 +9,7 @@ mask each step, and for different masks in layers with different keys.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -57,25 +58,56 @@ def test_rolled_attention_is_the_same_attention(t, s, cross, bias_batch):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=name)
 
 
+def _doubled(text, prefix, length):
+    """The tensor types in lowered `text` that begin with `prefix` and have an axis of twice
+    `length`: the copies `jnp.roll` concatenates."""
+    pattern = rf"tensor<{prefix}(?:x\d+)*x{2 * length}(?:x\d+)*x\w+>"
+    return sorted(set(re.findall(pattern, text)))
+
+
 def test_the_rolls_gradient_is_one_roll_back():
     """`roll`'s backward pass is a roll the other way, not autodiff of `jnp.roll` (the
     cotangent written into a zero array of twice the length, cut in halves and added), which
     made most of mae_lm_base's large adds and pads on an H200 (its [B, N, T, S] bias rolls in
-    every layer). Read from the lowered gradients with respect to the bias."""
+    every layer). The bias's roll makes no doubled copy in either pass (a gather, which XLA
+    fuses); the queries' does (`jnp.roll`'s form, which kept mlm_base faster on an H200).
+    Read from the lowered gradients with respect to the bias and the queries."""
     (q, k, v, q_seg, k_seg), _ = inputs(24, 24, False, batch=2, heads=3, dim=8)
     mask = segment_mask(q_seg, k_seg)
     bias = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 24, 24))
     rng = jax.random.PRNGKey(12)
+    shifts = jax.random.randint(rng, (2,), 0, 24)  # traced in the step: jit arguments here
 
-    def lowered(fn):
-        return jax.jit(jax.grad(lambda b: jnp.sum(fn(b) ** 2))).lower(bias).as_text()
+    def lowered(fn, x=bias):
+        loss = lambda x, s: jnp.sum(fn(x, tuple(s)) ** 2)
+        return jax.jit(jax.grad(loss)).lower(x, shifts).as_text()
 
-    shifts = jax.random.randint(rng, (2,), 0, 24)
-    plain = lowered(lambda b: jnp.roll(b, tuple(shifts), (2, 3)))
-    assert "dynamic_update_slice" in plain  # the form the check looks for
-    assert "dynamic_update_slice" not in lowered(lambda b: roll(b, tuple(shifts), (2, 3)))
-    ours = lowered(lambda b: rolled(reference, rng, q, k, v, mask, b))
-    assert "dynamic_update_slice" not in ours
+    plain = lowered(lambda b, s: jnp.roll(b, s, (2, 3)))
+    assert "dynamic_update_slice" in plain  # the forms the checks look for
+    assert _doubled(plain, "2x3", 24)
+    for gather in False, True:
+        text = lowered(lambda b, s, g=gather: roll(b, s, (2, 3), g))
+        assert "dynamic_update_slice" not in text
+        assert bool(_doubled(text, "2x3", 24)) is not gather
+
+    layer = lowered(lambda b, s: rolled(reference, rng, q, k, v, mask, b))
+    assert "dynamic_update_slice" not in layer
+    assert _doubled(layer, "2x3", 24) == []  # the bias [2, 3, 24, 24]
+    queries = lowered(lambda q, s: rolled(reference, rng, q, k, v, mask, bias), q)
+    assert "dynamic_update_slice" not in queries
+    assert "tensor<2x48x3x8xf32>" in _doubled(queries, "2", 24)  # q [2, 24, 3, 8]
+
+    def value_and_grad(fn):
+        out, pull = jax.jit(lambda b, s: jax.vjp(lambda b: fn(b, tuple(s), (2, 3)), b))(
+            bias, shifts
+        )
+        return out, pull(bias**2)[0]
+
+    want = value_and_grad(jnp.roll)
+    for gather in False, True:
+        got = value_and_grad(functools.partial(roll, gather=gather))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 RATE = 0.1

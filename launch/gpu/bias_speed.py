@@ -6,7 +6,10 @@ bias is what its encoder has and mlm_base's lacks. This times, each jitted alone
 20 calls): the table gradient's contraction as the model writes it and in other forms, the
 bias made once (the forward contraction), and one cuDNN attention layer (forward and
 backward, dropout 0.1) with a [B, N, T, S] bias, a [1, N, T, S] one and none, and the
-bias's roll (forward and backward) as jnp.roll and as cudnn.roll.
+bias's roll (forward and backward) as jnp.roll and as cudnn.roll (a roll back for its
+gradient) with jnp.roll's concatenate-and-slice or a gather, and the cuDNN layer with the
+bias rolled as shipped (a gather, the rest as jnp.roll), with every roll a concatenation,
+and with every roll but the mask's a gather.
 
 Usage: python bias_speed.py PROJ OUTDIR [BATCH]
 """
@@ -18,9 +21,12 @@ import time
 proj, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, proj)
 
+import functools  # noqa: E402
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from maelm_jax.model.kernels import cudnn  # noqa: E402
 from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS, cudnn_attend, roll  # noqa: E402
 from maelm_jax.model.positions import relative_bias as rb  # noqa: E402
 
@@ -123,10 +129,14 @@ record(
     table,
 )
 
-# A layer's roll of the bias and its gradient: jnp.roll's autodiff against cudnn.roll's.
-shifts = tuple(jax.random.randint(keys[7], (2,), 1, T))
-for name, fn in [("jnp.roll", jnp.roll), ("cudnn.roll", roll)]:
-    grad = jax.grad(lambda x, s, f=fn: jnp.sum(f(x, s, (2, 3)).astype(jnp.float32) ** 2))
+# A layer's roll of the bias and its gradient, the shifts traced as in the step.
+shifts = jax.random.randint(keys[7], (2,), 1, T)
+for name, fn in [
+    ("jnp.roll", jnp.roll),
+    ("cudnn.roll, concatenating", functools.partial(roll, gather=False)),
+    ("cudnn.roll, gather", functools.partial(roll, gather=True)),
+]:
+    grad = jax.grad(lambda x, s, f=fn: jnp.sum(f(x, tuple(s), (2, 3)).astype(jnp.float32) ** 2))
     record(f"bias roll fwd+bwd ({name})", grad, cot, shifts)
 
 q, k, v = (jax.random.normal(keys[3 + i], (B, T, N, H), jnp.bfloat16) for i in range(3))
@@ -148,3 +158,19 @@ for name, bias in [
     ("cuDNN layer fwd+bwd, no bias", None),
 ]:
     record(name, attention_layer(bias), q, k, v, bias, options=COMPILER_OPTIONS)
+for name, gather in [
+    ("every roll concatenating", False),
+    ("every roll but the mask's a gather", True),
+]:
+    # `rolled` reads the module's roll when traced
+    cudnn.roll = lambda x, s, a, _, g=gather: roll(x, s, a, g)
+    record(
+        f"cuDNN layer fwd+bwd, bias [B,N,T,S], {name}",
+        attention_layer(cot),
+        q,
+        k,
+        v,
+        cot,
+        options=COMPILER_OPTIONS,
+    )
+cudnn.roll = roll

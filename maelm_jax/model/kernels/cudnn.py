@@ -70,37 +70,62 @@ def cudnn_attend(q, k, v, mask, bias, dropout=None):
 def rolled(kernel, rng, q, k, v, mask, bias):
     """`kernel(q, k, v, mask, bias)` with its queries and keys rolled by offsets drawn from
     `rng` (the layer's dropout key), and its output rolled back: the same attention, with
-    the kernel's mask entry (t, s) on another (query, key) pair per layer."""
+    the kernel's mask entry (t, s) on another (query, key) pair per layer. The bias rolls as
+    a gather, everything else as `jnp.roll` does (`roll`)."""
     query_key, key_key = jax.random.split(rng)
     r = jax.random.randint(query_key, (), 0, q.shape[1])
     r_key = jax.random.randint(key_key, (), 0, k.shape[1])
-    q = roll(q, (r,), (1,))
-    k, v = roll(k, (r_key,), (1,)), roll(v, (r_key,), (1,))
+    q = roll(q, (r,), (1,), False)
+    k, v = roll(k, (r_key,), (1,), False), roll(v, (r_key,), (1,), False)
     mask = jnp.roll(mask, (r, r_key), axis=(2, 3))
     if bias is not None:
-        bias = roll(bias, (r, r_key), (2, 3))
-    return roll(kernel(q, k, v, mask, bias), (-r,), (1,))
+        bias = roll(bias, (r, r_key), (2, 3), True)
+    return roll(kernel(q, k, v, mask, bias), (-r,), (1,), False)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def roll(x, shifts, axes):
-    """`jnp.roll(x, shifts, axes)` with traced `shifts`, whose gradient is the roll back.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def roll(x, shifts, axes, gather: bool):
+    """`jnp.roll(x, shifts, axes)` with traced `shifts`, whose gradient is the roll back;
+    `gather`: as one gather rather than `jnp.roll`'s concatenate-and-slice.
 
-    Autodiff of `jnp.roll` transposes its concatenate-and-slice: the cotangent is written
-    into a zero array twice the length, cut in two halves and the halves added, per axis.
-    For MAE-LM's per-example bias ([B, N, T, S] per layer) that was the bulk of the 69 large
-    adds and 49 pads per mae_lm_base step on an H200 (launch/gpu/kernel_table.py,
-    2026-11-26: 38.9 and 9.6 of 152 ms). A roll is a permutation: its transpose is one
-    roll the other way, one pass."""
-    return jnp.roll(x, shifts, axes)
+    Why a custom gradient: autodiff of `jnp.roll` transposes its concatenate-and-slice, the
+    cotangent written into a zero array twice the length, cut in two halves and the halves
+    added, per axis. For MAE-LM's per-example bias ([B, N, T, S] per layer) that was the bulk
+    of the 69 large adds and 49 pads per mae_lm_base step on an H200
+    (launch/gpu/kernel_table.py, 2026-11-26: 38.9 and 9.6 of 152 ms). A roll is a
+    permutation: its transpose is one roll the other way.
+
+    Why a gather for the bias and not for the rest, measured on an H200 (2026-11-27, batch
+    64 x 512, docs/results.md): with the custom gradient alone, mae_lm_base's step still
+    spent 30.4 of 105.7 ms of kernels in those adds and pads, the bias's doubled copies
+    forward and backward; as a gather (`_permute`), which XLA fuses with the bias's cast
+    and padding forward and with the layers' gradient sum backward, one cuDNN layer with
+    the bias took 2.76 ms forward and backward instead of 4.10, and the step 103.0 ms
+    instead of 116.0. But XLA on GPU gives each gather a transpose of its own (72 more
+    per step), and with the queries, keys, values, output and mask rolled as gathers too,
+    mlm_base (no bias) went from 65.9 to 79.8 ms. Those arrays are a tenth of the bias's
+    size and keep `jnp.roll`."""
+    return _permute(x, shifts, axes) if gather else jnp.roll(x, shifts, axes)
 
 
-def _roll_fwd(x, shifts, axes):
-    return jnp.roll(x, shifts, axes), shifts
+def _roll_fwd(x, shifts, axes, gather):
+    return roll(x, shifts, axes, gather), shifts
 
 
-def _roll_bwd(axes, shifts, cotangent):
-    return jnp.roll(cotangent, tuple(-s for s in shifts), axes), None
+def _roll_bwd(axes, gather, shifts, cotangent):
+    return roll(cotangent, tuple(-s for s in shifts), axes, gather), None
+
+
+def _permute(x, shifts, axes):
+    """`jnp.roll(x, shifts, axes)` as one gather: entry i of each axis reads (i - shift) mod n,
+    index arithmetic where `jnp.roll` with a traced shift writes the array twice over."""
+    rows = jnp.ix_(
+        *[(jnp.arange(x.shape[a]) - s) % x.shape[a] for s, a in zip(shifts, axes, strict=True)]
+    )
+    index = [slice(None)] * x.ndim
+    for axis, row in zip(axes, rows, strict=True):
+        index[axis] = row
+    return x.at[tuple(index)].get(mode="promise_in_bounds", unique_indices=True)
 
 
 roll.defvjp(_roll_fwd, _roll_bwd)
