@@ -2,6 +2,9 @@
 # The GPU measurements behind docs/results.md, on one NVIDIA GPU, in named parts:
 #   tests     tests/test_cudnn_attention.py and test_cudnn_dropout.py: cuDNN's attention
 #             (and its dropout) against the XLA path
+#   pair      mlm_base, mae_lm_base, and mlm_base with mae_lm_base's relative bias, at 64 x 512
+#             in one process (~4.5 minutes): MAE-LM's time ratio, the open target, and what
+#             the bias (which the FLOP counts leave out) costs MLM, without the 3ML compiles
 #   roberta   the train step per method at 64 x 512 (mlm_base first: the ratios are to it)
 #   xla_dropout  mlm_base at 64 x 512 with attention dropout on XLA, in its own process
 #   roberta_peer HuggingFace PyTorch RobertaForMaskedLM at 64 x 512: mlm_base's "ours / HF"
@@ -17,7 +20,7 @@
 # OUTDIR/log.txt and OUTDIR/results.tgz (every part's JSON).
 #
 # Usage: bash launch/gpu/bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,PART,...]
-# Default parts: all, about 25 minutes on an H200 (a roberta-size config compiles in 39 to
+# Default parts: all, about 30 minutes on an H200 (a roberta-size config compiles in 39 to
 # 85 s in a group, mae_lm_base the longest; the roberta group of four ran 6 minutes); a
 # lease of 15 minutes of device time takes them in three calls. The groups log each
 # config's compile and each round's ms/step as they go, so a part cut off by its limit
@@ -26,7 +29,7 @@
 # clu, torch and transformers; TensorFlow is not needed (jax_speed.py stands in for it).
 set -uo pipefail
 
-all=tests,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,mae_variants,bias,kernels
+all=tests,pair,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,mae_variants,bias,kernels
 out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
 before=${2:--}
 parts=,${3:-$all},
@@ -64,6 +67,10 @@ if wanted tests; then
   part 100 tests env JAX_PLATFORMS=cuda python3 -m pytest -q -rA -o addopts="" \
     -p no:cacheprovider --noconftest "$repo/tests/test_cudnn_attention.py" \
     "$repo/tests/test_cudnn_dropout.py"
+fi
+if wanted pair; then
+  part 300 pair "${speed[@]}" "$repo" "$results" \
+    pair=mlm_base+mae_lm_base+mlm_base:model.relative_attention_buckets=64@64x512
 fi
 if wanted roberta; then
   part 420 roberta "${speed[@]}" "$repo" "$results" \
