@@ -100,20 +100,24 @@ def roll(x, shifts, axes, gather: bool):
     spent 30.4 of 105.7 ms of kernels in those adds and pads, the bias's doubled copies
     forward and backward; as a gather (`_permute`), which XLA fuses with the bias's cast
     and padding forward and with the layers' gradient sum backward, one cuDNN layer with
-    the bias took 2.76 ms forward and backward instead of 4.10, and the step 103.0 ms
-    instead of 116.0. But XLA on GPU gives each gather a transpose of its own (72 more
-    per step), and with the queries, keys, values, output and mask rolled as gathers too,
-    mlm_base (no bias) went from 65.9 to 79.8 ms. Those arrays are a tenth of the bias's
-    size and keep `jnp.roll`."""
+    the bias and its rolls as gathers took 2.76 ms forward and backward instead of 4.10
+    with concatenations, and the step 103.0 ms instead of 116.0. But XLA on GPU gives each
+    gather a transpose of its own (72 more per step), and with the queries, keys, values,
+    output and mask rolled as gathers too, mlm_base (no bias) went from 65.9 to 79.8 ms.
+    Those arrays are a tenth of the bias's size and keep `jnp.roll`."""
+    return _roll(x, shifts, axes, gather)
+
+
+def _roll(x, shifts, axes, gather):
     return _permute(x, shifts, axes) if gather else jnp.roll(x, shifts, axes)
 
 
 def _roll_fwd(x, shifts, axes, gather):
-    return roll(x, shifts, axes, gather), shifts
+    return _roll(x, shifts, axes, gather), shifts
 
 
 def _roll_bwd(axes, gather, shifts, cotangent):
-    return roll(cotangent, tuple(-s for s in shifts), axes, gather), None
+    return _roll(cotangent, tuple(-s for s in shifts), axes, gather), None
 
 
 def _permute(x, shifts, axes):
