@@ -112,7 +112,7 @@ if wanted mae_variants; then
     mae_variants=mae_lm_base+mae_lm_base:model.relative_bias_grad=per_layer@64x512
 fi
 if wanted bias; then
-  part 90 bias python3 "$here/bias_speed.py" "$repo" "$results"
+  part 150 bias python3 "$here/bias_speed.py" "$repo" "$results"
 fi
 if wanted kernels; then
   part 300 kernels python3 "$here/kernel_table.py" "$repo" "$results" \

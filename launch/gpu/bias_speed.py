@@ -9,7 +9,9 @@ backward, dropout 0.1) with a [B, N, T, S] bias, a [1, N, T, S] one and none, an
 bias's roll (forward and backward) as jnp.roll and as cudnn.roll (a roll back for its
 gradient) with jnp.roll's concatenate-and-slice or a gather, and the cuDNN layer with the
 bias rolled as shipped (a gather, the rest as jnp.roll), with every roll a concatenation,
-and with every roll but the mask's a gather.
+and with every roll but the mask's a gather; and the layer with either bias but without
+the bias's gradient (cuDNN's dbias), to split what reading the bias costs from what its
+gradient costs.
 
 Usage: python bias_speed.py PROJ OUTDIR [BATCH]
 """
@@ -144,12 +146,12 @@ mask = jnp.ones((B, 1, T, T), bool)
 rng = keys[6]
 
 
-def attention_layer(bias):
+def attention_layer(bias, bias_gradient=True):
     def loss(q, k, v, bias):
         out = cudnn_attend(q, k, v, mask, bias, dropout=(0.1, rng))
         return out.astype(jnp.float32).sum()
 
-    return jax.grad(loss, argnums=(0, 1, 2) if bias is None else (0, 1, 2, 3))
+    return jax.grad(loss, argnums=(0, 1, 2, 3) if bias is not None and bias_gradient else (0, 1, 2))
 
 
 for name, bias in [
@@ -158,6 +160,13 @@ for name, bias in [
     ("cuDNN layer fwd+bwd, no bias", None),
 ]:
     record(name, attention_layer(bias), q, k, v, bias, options=COMPILER_OPTIONS)
+# Without the bias's gradient cuDNN skips dbias: what the bias costs the kernel to read,
+# apart from what its gradient costs to write and sum.
+for name, bias in [
+    ("cuDNN layer fwd+bwd, bias [B,N,T,S], no bias gradient", cot),
+    ("cuDNN layer fwd+bwd, bias [1,N,T,S], no bias gradient", cot[:1]),
+]:
+    record(name, attention_layer(bias, False), q, k, v, bias, options=COMPILER_OPTIONS)
 for name, gather in [
     ("every roll concatenating", False),
     ("every roll but the mask's a gather", True),
