@@ -10,6 +10,8 @@
 #   roberta_peer HuggingFace PyTorch RobertaForMaskedLM at 64 x 512: mlm_base's "ours / HF"
 #   modern_peer  ModernBertForMaskedLM at 8 x 1024 and 32 x 1024: the modern configs'
 #   modern    the modern backbone's methods at 8 x 1024
+#   modern_pair  modern_mlm_base and modern_mae_lm_base at 8 x 1024 (~2.5 minutes): MAE-LM's
+#             time ratio on the modern backbone without the 3ML compiles
 #   modern32  modern_mlm_base at 32 x 1024, one process per setting, for its peak memory
 #   before    mlm_base as the checkout BEFORE runs it (skipped without one)
 #   variants  mlm_base with one GPU default undone at a time
@@ -29,7 +31,7 @@
 # clu, torch and transformers; TensorFlow is not needed (jax_speed.py stands in for it).
 set -uo pipefail
 
-all=tests,pair,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern32,before,variants,mae_variants,bias,kernels
+all=tests,pair,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern_pair,modern32,before,variants,mae_variants,bias,kernels
 out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
 before=${2:--}
 parts=,${3:-$all},
@@ -69,7 +71,7 @@ if wanted tests; then
     "$repo/tests/test_cudnn_dropout.py"
 fi
 if wanted pair; then
-  part 300 pair "${speed[@]}" "$repo" "$results" \
+  part 290 pair "${speed[@]}" "$repo" "$results" \
     pair=mlm_base+mae_lm_base+mlm_base:model.relative_attention_buckets=64@64x512
 fi
 if wanted roberta; then
@@ -94,6 +96,10 @@ if wanted modern; then
   part 240 modern "${speed[@]}" "$repo" "$results" \
     modern8=modern_mlm_base+modern_mae_lm_base+modern_three_ml_self_base+modern_three_ml_cross_base@8x1024
 fi
+if wanted modern_pair; then
+  part 170 modern_pair "${speed[@]}" "$repo" "$results" \
+    modern_pair=modern_mlm_base+modern_mae_lm_base@8x1024
+fi
 if wanted modern32; then
   part 90 "modern32: as shipped" "${speed[@]}" "$repo" "$results" \
     modern32=modern_mlm_base@32x1024
@@ -112,7 +118,7 @@ if wanted mae_variants; then
     mae_variants=mae_lm_base+mae_lm_base:model.relative_bias_grad=per_layer@64x512
 fi
 if wanted bias; then
-  part 150 bias python3 "$here/bias_speed.py" "$repo" "$results"
+  part 120 bias python3 "$here/bias_speed.py" "$repo" "$results"
 fi
 if wanted kernels; then
   part 300 kernels python3 "$here/kernel_table.py" "$repo" "$results" \
