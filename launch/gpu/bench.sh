@@ -97,7 +97,7 @@ if wanted modern; then
     modern8=modern_mlm_base+modern_mae_lm_base+modern_three_ml_self_base+modern_three_ml_cross_base@8x1024
 fi
 if wanted modern_pair; then
-  part 170 modern_pair "${speed[@]}" "$repo" "$results" \
+  part 160 modern_pair "${speed[@]}" "$repo" "$results" \
     modern_pair=modern_mlm_base+modern_mae_lm_base@8x1024
 fi
 if wanted modern32; then
