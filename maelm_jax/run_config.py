@@ -36,6 +36,8 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 VOCAB_MULTIPLE = 128
 # `scan_unroll` 0 on a GPU: more layers than any stack has, so every stack runs unrolled.
 GPU_UNROLL = 1 << 16
+# cuDNN's attention with a bias takes lengths in multiples of this (model/kernels/cudnn.py).
+CUDNN_LENGTH_MULTIPLE = 8
 
 
 def dropout_rng_impl_for(impl: str, platform: str | None) -> str:
@@ -107,6 +109,9 @@ class ModelConfig:
     scan_unroll: int = 1  # layers per loop iteration of a scanned stack; 0: `for_platform`
     # How the token embedding's gradient is summed (encoder.take_rows): EMBEDDING_GRADS.
     embedding_grad: str = "compute_dtype"
+    # The MAE-LM encoder's kept tokens pad to a multiple of this (masked_lm.py); `for_platform`
+    # makes it cuDNN's length multiple (model/kernels/cudnn.py) where attention runs there.
+    encoder_length_multiple: int = 1
 
     def layers_per_iteration(self, num_layers: int) -> int:
         """What `nn.scan` unrolls for a stack of `num_layers`: `scan_unroll` layers, all of
@@ -166,6 +171,7 @@ class ModelConfig:
             kernel_interpret=interpret,
             scan_unroll=unroll,
             embedding_grad=grad,
+            encoder_length_multiple=CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1,
         )
 
     def for_embedding_shards(self, shards: int) -> "ModelConfig":

@@ -2,6 +2,7 @@
 
 import collections
 import contextlib
+import dataclasses
 import io
 
 import flax.linen as nn
@@ -646,3 +647,26 @@ def test_the_bias_built_per_query_block_gives_the_once_per_stack_loss_and_gradie
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert_trees_close(grads, grads_want, atol=1e-6, rtol=1e-4)
     assert np.abs(grads["decoder"]["relative_bias"]["embedding"]).max() > 0
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_the_kept_tokens_padded_for_cudnn_give_the_same_loss_and_gradients(decoder):
+    """encoder_length_multiple (8 where attention runs on cuDNN, which pads every layer's
+    lengths to 8 otherwise): the encoder runs over the kept tokens and extra slots of their
+    own segment, and every loss and gradient is the unpadded model's. The tiny model keeps
+    24 of 32 tokens, so the test pads to a multiple of 5 (25 slots)."""
+    bias = dict(relative_attention_buckets=8, decoder_relative_attention=False)
+    model, params, batch = build("mae_lm", decoder, lengths=[30, 21, 12, 26], **bias)
+    cfg = frozen(tiny_config("mae_lm", decoder, SEQ, attention_impl="auto", **bias))[0]
+    multiples = (cfg.for_platform("gpu"), cfg.for_platform("cpu"), model.config)
+    assert [c.encoder_length_multiple for c in multiples] == [8, 1, 1]
+    kept, multiple = batch.visible_idx.shape[1], 5
+    padded = MaskedLM(dataclasses.replace(model.config, encoder_length_multiple=multiple), PAD_ID)
+    rng = jax.random.PRNGKey(3)
+    (want, _), grads_want = jax.jit(grad_fn(model, deterministic=True))(params, batch, rng)
+    (got, _), grads = jax.jit(grad_fn(padded, deterministic=True))(params, batch, rng)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert_trees_close(grads, grads_want, atol=1e-6, rtol=1e-4)
+    wide = f"x{kept + -kept % multiple}x{model.config.hidden_size}x"
+    hlo = lambda m: jax.jit(grad_fn(m, deterministic=True)).lower(params, batch, rng).as_text()
+    assert wide in hlo(padded) and wide not in hlo(model)

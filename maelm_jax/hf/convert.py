@@ -55,6 +55,7 @@ REPRESENTED_FIELDS = {
     "attention_impl",
     "attention_dropout_impl",
     "kernel_interpret",
+    "encoder_length_multiple",  # slots the encoder pads and cuts, outputs unchanged
     "float32_attention_logits",
     "relative_bias_once",
     "relative_bias_grad",

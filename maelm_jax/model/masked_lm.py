@@ -118,7 +118,7 @@ class MaskedLM(nn.Module):
             return gather_positions(encoded, masked_idx)
         visible_ids = gather_positions(input_ids, visible_idx)
         visible_segments = gather_positions(segment_ids, visible_idx)
-        encoded = self.encode(visible_ids, visible_idx, deterministic, visible_segments)
+        encoded = self._encode_kept(visible_ids, visible_idx, visible_segments, deterministic)
         self.sow("intermediates", "encoder_output", encoded)
         if cfg.decoder == "self":
             hidden = self.decoder(
@@ -136,6 +136,25 @@ class MaskedLM(nn.Module):
                 self._mask_vector(),
             )
         return hidden
+
+    def _encode_kept(self, ids, positions, segments, deterministic):
+        """`encode` over the kept tokens, padded to a multiple of `encoder_length_multiple`
+        slots first and cut back after.
+
+        Why: cuDNN's attention with a bias (a mask is one) takes lengths that are a multiple
+        of 8 (model/kernels/cudnn.py), and MAE-LM keeps L - k tokens: 435 of 512, 870 of 1024.
+        Padded inside every layer, that was 178 pad kernels, 2.4 of 43.5 ms per
+        modern_mae_lm_base step on an H200 (2026-11-27, docs/results.md), where one pad here
+        does. The extra slots are a segment of their own (-1): no kept token sees them and
+        they see only each other, so every kept token's output is what it was."""
+        kept = ids.shape[1]
+        extra = -kept % self.config.encoder_length_multiple
+        if extra:
+            widths = ((0, 0), (0, extra))
+            ids = jnp.pad(ids, widths, constant_values=self.pad_id)
+            positions = jnp.pad(positions, widths)
+            segments = jnp.pad(segments, widths, constant_values=-1)
+        return self.encode(ids, positions, deterministic, segments)[:, :kept]
 
 
 def init_inputs(seq_len: int, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -47,9 +47,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Lengths pad to this multiple (cuDNN trains with a bias only at even lengths).
-LENGTH_MULTIPLE = 8
+from maelm_jax.run_config import CUDNN_LENGTH_MULTIPLE
 
+# Lengths pad to this multiple (cuDNN trains with a bias only at even lengths); the MAE-LM
+# encoder's kept tokens arrive padded to it already (ModelConfig.encoder_length_multiple).
+LENGTH_MULTIPLE = CUDNN_LENGTH_MULTIPLE
 
 # What a step whose attention drops out in cuDNN compiles with (jax.jit's compiler_options):
 # command buffers for every kind of call but cuDNN's. A compile option takes a list, not the
