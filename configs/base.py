@@ -100,6 +100,12 @@ def get_config() -> ml_collections.ConfigDict:
     # 230k in a loop, whose per-iteration slices and stacks are device copies) and 1
     # elsewhere (a TPU compiles one layer and its estimates were measured so).
     c.model.scan_unroll = 0
+    # MAE-LM's kept tokens (435 of 512 at 15%) pad to a multiple of this once, before the
+    # encoder, in a segment of their own, and are cut after it: the same outputs. 0 picks by
+    # platform: 8 where attention runs on cuDNN, which otherwise pads each layer's lengths to
+    # 8 (178 pad kernels, 2.4 of 43.5 ms per modern_mae_lm_base step on an H200), and 1
+    # elsewhere (on v5p-8 XLA's model put 440 rows 0.036 ms a layer dearer than 435).
+    c.model.encoder_length_multiple = 0
     # "none" | "full" | "dots_saveable" (keep every weight matmul's output) | "dots_but_query"
     # (the same but the query projection, recomputed: maelm_jax/model/remat.py)
     c.model.remat_policy = "none"

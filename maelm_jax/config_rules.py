@@ -137,5 +137,6 @@ RULES: dict[str, Rule] = {
     "model.global_attention_every_n_layers": at_least(1),
     "model.local_attention_block": at_least(1),
     "model.scan_unroll": at_least(0),
+    "model.encoder_length_multiple": at_least(0),
     "model.embedding_grad": one_of(EMBEDDING_GRADS),
 }

@@ -204,6 +204,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             global_attention_every_n_layers=m.global_attention_every_n_layers,
             local_attention_block=m.local_attention_block,
             scan_unroll=m.scan_unroll,
+            encoder_length_multiple=m.encoder_length_multiple,
             embedding_grad=m.embedding_grad,
         ),
         masking=MaskingSettings(
@@ -303,6 +304,7 @@ _BEFORE_KEY_EXISTED = {
     "global_attention_every_n_layers": 3,
     "local_attention_block": 128,
     "scan_unroll": 1,
+    "encoder_length_multiple": 0,  # the compute's shape, not the model: the platform's pick
     "embedding_grad": "compute_dtype",
     "attention_dropout_impl": "xla",
     "relative_bias_grad": "per_layer",

@@ -109,8 +109,8 @@ class ModelConfig:
     scan_unroll: int = 1  # layers per loop iteration of a scanned stack; 0: `for_platform`
     # How the token embedding's gradient is summed (encoder.take_rows): EMBEDDING_GRADS.
     embedding_grad: str = "compute_dtype"
-    # The MAE-LM encoder's kept tokens pad to a multiple of this (masked_lm.py); `for_platform`
-    # makes it cuDNN's length multiple (model/kernels/cudnn.py) where attention runs there.
+    # The MAE-LM encoder's kept tokens pad to a multiple of this (masked_lm.py); 0:
+    # `for_platform` (cuDNN's length multiple where attention runs there, else 1).
     encoder_length_multiple: int = 1
 
     def layers_per_iteration(self, num_layers: int) -> int:
@@ -137,7 +137,8 @@ class ModelConfig:
         `scan_unroll` 0 becomes every layer on GPU, else 1; `embedding_grad` "auto" the
         float32 sum except on TPU (configs/base.py says why); `attention_dropout_impl`
         "auto" cuDNN wherever attention runs on cuDNN; `relative_bias_grad` "auto" summed
-        over the layers on GPU, per layer elsewhere."""
+        over the layers on GPU, per layer elsewhere; `encoder_length_multiple` 0 cuDNN's
+        length multiple where attention runs on cuDNN, else 1."""
         impl = self.attention_impl
         if impl == "auto":
             impl = "cudnn" if platform == "gpu" else "xla"
@@ -171,7 +172,8 @@ class ModelConfig:
             kernel_interpret=interpret,
             scan_unroll=unroll,
             embedding_grad=grad,
-            encoder_length_multiple=CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1,
+            encoder_length_multiple=self.encoder_length_multiple
+            or (CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1),
         )
 
     def for_embedding_shards(self, shards: int) -> "ModelConfig":

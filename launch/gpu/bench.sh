@@ -2,16 +2,18 @@
 # The GPU measurements behind docs/results.md, on one NVIDIA GPU, in named parts:
 #   tests     tests/test_cudnn_attention.py and test_cudnn_dropout.py: cuDNN's attention
 #             (and its dropout) against the XLA path
-#   pair      mlm_base, mae_lm_base, and mlm_base with mae_lm_base's relative bias, at 64 x 512
-#             in one process (~4.5 minutes): MAE-LM's time ratio, the open target, and what
-#             the bias (which the FLOP counts leave out) costs MLM, without the 3ML compiles
+#   pair      mlm_base, mae_lm_base, and mae_lm_base with its kept tokens padded inside each
+#             cuDNN layer (model.encoder_length_multiple=1) rather than once, at 64 x 512 in
+#             one process (~4.5 minutes): MAE-LM's time ratio, the open target, without the
+#             3ML compiles (the bias alone cost mlm_base 1.186x on 2026-11-27: results.md)
 #   roberta   the train step per method at 64 x 512 (mlm_base first: the ratios are to it)
 #   xla_dropout  mlm_base at 64 x 512 with attention dropout on XLA, in its own process
 #   roberta_peer HuggingFace PyTorch RobertaForMaskedLM at 64 x 512: mlm_base's "ours / HF"
 #   modern_peer  ModernBertForMaskedLM at 8 x 1024 and 32 x 1024: the modern configs'
 #   modern    the modern backbone's methods at 8 x 1024
-#   modern_pair  modern_mlm_base and modern_mae_lm_base at 8 x 1024 (~2.5 minutes): MAE-LM's
-#             time ratio on the modern backbone without the 3ML compiles
+#   modern_pair  modern_mlm_base and modern_mae_lm_base at 8 x 1024, and the latter padded
+#             per layer as `pair` does (~1.5 minutes): MAE-LM's time ratio on the modern
+#             backbone without the 3ML compiles
 #   modern32  modern_mlm_base at 32 x 1024, one process per setting, for its peak memory
 #   before    mlm_base as the checkout BEFORE runs it (skipped without one)
 #   variants  mlm_base with one GPU default undone at a time
@@ -72,7 +74,7 @@ if wanted tests; then
 fi
 if wanted pair; then
   part 290 pair "${speed[@]}" "$repo" "$results" \
-    pair=mlm_base+mae_lm_base+mlm_base:model.relative_attention_buckets=64@64x512
+    pair=mlm_base+mae_lm_base+mae_lm_base:model.encoder_length_multiple=1@64x512
 fi
 if wanted roberta; then
   part 420 roberta "${speed[@]}" "$repo" "$results" \
@@ -98,7 +100,7 @@ if wanted modern; then
 fi
 if wanted modern_pair; then
   part 160 modern_pair "${speed[@]}" "$repo" "$results" \
-    modern_pair=modern_mlm_base+modern_mae_lm_base@8x1024
+    modern_pair=modern_mlm_base+modern_mae_lm_base+modern_mae_lm_base:model.encoder_length_multiple=1@8x1024
 fi
 if wanted modern32; then
   part 90 "modern32: as shipped" "${speed[@]}" "$repo" "$results" \

@@ -148,7 +148,7 @@ class MaskedLM(nn.Module):
         does. The extra slots are a segment of their own (-1): no kept token sees them and
         they see only each other, so every kept token's output is what it was."""
         kept = ids.shape[1]
-        extra = -kept % self.config.encoder_length_multiple
+        extra = -kept % (self.config.encoder_length_multiple or 1)  # 0: not made concrete
         if extra:
             widths = ((0, 0), (0, extra))
             ids = jnp.pad(ids, widths, constant_values=self.pad_id)

@@ -50,7 +50,7 @@ import numpy as np
 from maelm_jax.run_config import CUDNN_LENGTH_MULTIPLE
 
 # Lengths pad to this multiple (cuDNN trains with a bias only at even lengths); the MAE-LM
-# encoder's kept tokens arrive padded to it already (ModelConfig.encoder_length_multiple).
+# encoder's kept tokens arrive padded to it already (model.encoder_length_multiple).
 LENGTH_MULTIPLE = CUDNN_LENGTH_MULTIPLE
 
 # What a step whose attention drops out in cuDNN compiles with (jax.jit's compiler_options):
