@@ -150,6 +150,7 @@ class ModelConfig:
             )
         interpret = impl == "splash" and platform == "cpu"
         unroll = self.scan_unroll or (GPU_UNROLL if platform == "gpu" else 1)
+        multiple = self.encoder_length_multiple or (CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1)
         grad = self.embedding_grad
         if grad == "auto":
             grad = "compute_dtype" if platform == "tpu" else "float32"
@@ -172,8 +173,7 @@ class ModelConfig:
             kernel_interpret=interpret,
             scan_unroll=unroll,
             embedding_grad=grad,
-            encoder_length_multiple=self.encoder_length_multiple
-            or (CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1),
+            encoder_length_multiple=multiple,
         )
 
     def for_embedding_shards(self, shards: int) -> "ModelConfig":

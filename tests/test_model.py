@@ -658,10 +658,10 @@ def test_the_kept_tokens_padded_for_cudnn_give_the_same_loss_and_gradients(decod
     bias = dict(relative_attention_buckets=8, decoder_relative_attention=False)
     model, params, batch = build("mae_lm", decoder, lengths=[30, 21, 12, 26], **bias)
     kept, multiple = batch.visible_idx.shape[1], 5
-    for setting, platform, want in [(0, "gpu", 8), (0, "cpu", 1), (multiple, "gpu", multiple)]:
+    for setting, platform, made in [(0, "gpu", 8), (0, "cpu", 1), (multiple, "gpu", multiple)]:
         overrides = dict(bias, attention_impl="auto", encoder_length_multiple=setting)
         cfg = frozen(tiny_config("mae_lm", decoder, SEQ, **overrides))[0]
-        assert cfg.for_platform(platform).encoder_length_multiple == want
+        assert cfg.for_platform(platform).encoder_length_multiple == made
     padded = MaskedLM(dataclasses.replace(model.config, encoder_length_multiple=multiple), PAD_ID)
     rng = jax.random.PRNGKey(3)
     (want, _), grads_want = jax.jit(grad_fn(model, deterministic=True))(params, batch, rng)
