@@ -152,6 +152,12 @@ def get_config() -> ml_collections.ConfigDict:
     # for MAE-LM base's twelve layers on an H200; costs a float32 copy of the bias and its
     # gradient) | "auto": summed on GPU, per layer elsewhere. The same gradient either way.
     c.model.relative_bias_grad = "auto"
+    # How an attention with a relative bias computes it: "dense" (the bias as a [batch,
+    # heads, T, S] array the kernel or XLA adds; the two keys above shape it) | "triton" (a
+    # Pallas kernel on GPU that looks each score's bias up in the [buckets, heads] table and
+    # sums the table's gradient itself, with its own dropout masks, a hash of the step's
+    # key; model/kernels/relative_flash.py) | "auto": dense until the kernel is timed.
+    c.model.relative_bias_impl = "auto"
     # How a token lookup reads the embedding table, whose embedding axis is sharded (fsdp).
     # "never": each chip gathers its slice of the embedding for every token of the global
     # batch, and an all-to-all sends the vectors back to their rows' chips. "always": the

@@ -20,6 +20,7 @@ from maelm_jax.run_config import (
     OBJECTIVES,
     PACKINGS,
     RELATIVE_BIAS_GRADS,
+    RELATIVE_BIAS_IMPLS,
     TABLE_GATHERS,
 )
 
@@ -127,6 +128,7 @@ RULES: dict[str, Rule] = {
     "model.float32_attention_logits": one_of((False, True)),
     "model.relative_bias_once": one_of((False, True)),
     "model.relative_bias_grad": one_of(RELATIVE_BIAS_GRADS),
+    "model.relative_bias_impl": one_of(RELATIVE_BIAS_IMPLS),
     "model.gather_embedding_table": one_of(TABLE_GATHERS),
     "model.layer_norm_epsilon": positive_number(),
     "model.init_std": positive_number(),

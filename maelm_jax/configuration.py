@@ -196,6 +196,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             float32_attention_logits=m.float32_attention_logits,
             relative_bias_once=m.relative_bias_once,
             relative_bias_grad=m.relative_bias_grad,
+            relative_bias_impl=m.relative_bias_impl,
             gather_embedding_table=m.gather_embedding_table,
             backbone=m.backbone,
             rope_theta_global=float(m.rope_theta_global),
@@ -308,6 +309,7 @@ _BEFORE_KEY_EXISTED = {
     "embedding_grad": "compute_dtype",
     "attention_dropout_impl": "xla",
     "relative_bias_grad": "per_layer",
+    "relative_bias_impl": "dense",
 }
 
 

@@ -28,6 +28,7 @@ TABLE_GATHERS = ("auto", "always", "never")  # see ModelConfig.for_embedding_sha
 DROPOUT_RNG_IMPLS = ("auto", "threefry", "rbg", "unsafe_rbg")  # see dropout_rng_impl_for
 EMBEDDING_GRADS = ("auto", "float32", "compute_dtype")  # see ModelConfig.for_platform
 RELATIVE_BIAS_GRADS = ("auto", "per_layer", "summed")  # see ModelConfig.for_platform
+RELATIVE_BIAS_IMPLS = ("auto", "dense", "triton")  # see ModelConfig.for_platform
 # A TPU vector register's minor dimension: an embedding slice narrower than this per chip
 # pads to it in the sharded lookup's relayout (encoder.TokenEmbedding).
 TPU_LANES = 128
@@ -38,6 +39,8 @@ VOCAB_MULTIPLE = 128
 GPU_UNROLL = 1 << 16
 # cuDNN's attention with a bias takes lengths in multiples of this (model/kernels/cudnn.py).
 CUDNN_LENGTH_MULTIPLE = 8
+# The relative-bias kernel's query and key block (model/kernels/relative_flash.py).
+TRITON_BLOCK = 64
 
 
 def dropout_rng_impl_for(impl: str, platform: str | None) -> str:
@@ -98,8 +101,9 @@ class ModelConfig:
     float32_attention_logits: bool = False
     relative_bias_once: bool = True  # see configs/base.py
     relative_bias_grad: str = "per_layer"  # RELATIVE_BIAS_GRADS; see configs/base.py
+    relative_bias_impl: str = "dense"  # RELATIVE_BIAS_IMPLS; see configs/base.py
     gather_embedding_table: str = "never"  # TABLE_GATHERS; see configs/base.py
-    kernel_interpret: bool = False  # Pallas kernels in the interpreter (splash on CPU)
+    kernel_interpret: bool = False  # Pallas kernels in the interpreter (on CPU)
     backbone: str = "roberta"  # BACKBONES; the keys below are the "modern" backbone's
     rope_theta_global: float = 160_000.0
     rope_theta_local: float = 10_000.0
@@ -137,8 +141,10 @@ class ModelConfig:
         `scan_unroll` 0 becomes every layer on GPU, else 1; `embedding_grad` "auto" the
         float32 sum except on TPU (configs/base.py says why); `attention_dropout_impl`
         "auto" cuDNN wherever attention runs on cuDNN; `relative_bias_grad` "auto" summed
-        over the layers on GPU, per layer elsewhere; `encoder_length_multiple` 0 cuDNN's
-        length multiple where attention runs on cuDNN, else 1."""
+        over the layers on GPU, per layer elsewhere; `relative_bias_impl` "auto" the dense
+        bias ("triton" runs on GPU, and on CPU in the Pallas interpreter for tests);
+        `encoder_length_multiple` 0 the relative-bias kernel's block where that kernel
+        runs, cuDNN's length multiple where attention runs on cuDNN, else 1."""
         impl = self.attention_impl
         if impl == "auto":
             impl = "cudnn" if platform == "gpu" else "xla"
@@ -148,9 +154,19 @@ class ModelConfig:
                 f"model.attention_impl={impl!r} cannot run on {platform} devices; use "
                 f"'auto' or 'xla' (splash: TPU, cudnn: GPU)"
             )
-        interpret = impl == "splash" and platform == "cpu"
+        bias_impl = "dense" if self.relative_bias_impl == "auto" else self.relative_bias_impl
+        if bias_impl == "triton" and platform not in ("gpu", "cpu"):
+            raise ConfigError(
+                f"model.relative_bias_impl='triton' cannot run on {platform} devices; use "
+                "'auto' or 'dense' (triton: GPU)"
+            )
+        bias_kernel = bias_impl == "triton" and self.relative_attention_buckets > 0
+        interpret = platform == "cpu" and (impl == "splash" or bias_kernel)
         unroll = self.scan_unroll or (GPU_UNROLL if platform == "gpu" else 1)
-        multiple = self.encoder_length_multiple or (CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1)
+        multiple = self.encoder_length_multiple
+        if not multiple:
+            multiple = CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1
+            multiple = TRITON_BLOCK if bias_kernel else multiple
         grad = self.embedding_grad
         if grad == "auto":
             grad = "compute_dtype" if platform == "tpu" else "float32"
@@ -170,6 +186,7 @@ class ModelConfig:
             attention_impl=impl,
             attention_dropout_impl=dropout_impl,
             relative_bias_grad=bias_grad,
+            relative_bias_impl=bias_impl,
             kernel_interpret=interpret,
             scan_unroll=unroll,
             embedding_grad=grad,

@@ -2,10 +2,14 @@
 # The GPU measurements behind docs/results.md, on one NVIDIA GPU, in named parts:
 #   tests     tests/test_cudnn_attention.py and test_cudnn_dropout.py: cuDNN's attention
 #             (and its dropout) against the XLA path
-#   pair      mlm_base, mae_lm_base, and mae_lm_base with its kept tokens padded inside each
-#             cuDNN layer (model.encoder_length_multiple=1) rather than once, at 64 x 512 in
-#             one process (~4.5 minutes): MAE-LM's time ratio, the open target, without the
-#             3ML compiles (the bias alone cost mlm_base 1.186x on 2026-11-27: results.md)
+#   relative  the relative-bias kernel (model/kernels/relative_flash.py): its GPU test
+#             against the dense attention, then relative_kernel_speed.py (one layer against
+#             cuDNN's)
+#   pair      mlm_base, mae_lm_base, mae_lm_base with its kept tokens padded inside each
+#             cuDNN layer (model.encoder_length_multiple=1) rather than once, and mae_lm_base
+#             with its encoder's attention in the relative-bias kernel, at 64 x 512 in one
+#             process (~6 minutes): MAE-LM's time ratio, the open target, without the 3ML
+#             compiles (the bias alone cost mlm_base 1.186x on 2026-11-27: results.md)
 #   roberta   the train step per method at 64 x 512 (mlm_base first: the ratios are to it)
 #   xla_dropout  mlm_base at 64 x 512 with attention dropout on XLA, in its own process
 #   roberta_peer HuggingFace PyTorch RobertaForMaskedLM at 64 x 512: mlm_base's "ours / HF"
@@ -34,7 +38,7 @@
 # clu, torch and transformers; TensorFlow is not needed (jax_speed.py stands in for it).
 set -uo pipefail
 
-all=tests,pair,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern_pair,modern32,before,variants,mae_variants,bias,kernels
+all=tests,relative,pair,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern_pair,modern32,before,variants,mae_variants,bias,kernels
 out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
 before=${2:--}
 parts=,${3:-$all},
@@ -73,9 +77,14 @@ if wanted tests; then
     -p no:cacheprovider --noconftest "$repo/tests/test_cudnn_attention.py" \
     "$repo/tests/test_cudnn_dropout.py"
 fi
+if wanted relative; then
+  part 60 "relative: GPU test" env JAX_PLATFORMS=cuda python3 -m pytest -q -rA -o addopts="" \
+    -p no:cacheprovider --noconftest "$repo/tests/test_relative_flash.py" -k on_a_gpu
+  part 150 "relative: speed" python3 "$here/relative_kernel_speed.py" "$repo" "$results"
+fi
 if wanted pair; then
-  part 290 pair "${speed[@]}" "$repo" "$results" \
-    pair=mlm_base+mae_lm_base+mae_lm_base:model.encoder_length_multiple=1@64x512
+  part 380 pair "${speed[@]}" "$repo" "$results" \
+    pair=mlm_base+mae_lm_base+mae_lm_base:model.encoder_length_multiple=1+mae_lm_base:model.relative_bias_impl=triton@64x512
 fi
 if wanted roberta; then
   part 420 roberta "${speed[@]}" "$repo" "$results" \

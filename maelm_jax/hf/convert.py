@@ -59,6 +59,7 @@ REPRESENTED_FIELDS = {
     "float32_attention_logits",
     "relative_bias_once",
     "relative_bias_grad",
+    "relative_bias_impl",
     "gather_embedding_table",  # where the lookup reads the table, not what it reads
     # The backbone picks the converter: this module for "roberta", modern_convert.py for
     # "modern", which represents the rotary and window keys (unread by "roberta").

@@ -111,6 +111,7 @@ class MultiHeadAttention(nn.Module):
             cfg.kernel_interpret,
             jnp.float32 if cfg.float32_attention_logits else None,
             cfg.attention_dropout_impl,
+            cfg.relative_bias_impl,
         )
         out = attend(
             q, k, v, *segments, bias, self.dropout_rate, dropout_rng, chunk, options, window
@@ -213,6 +214,11 @@ def attend(
     the global computation (a kernel where `options` has one) or the local one per layer.
     """
     args = (q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng)
+    if options.relative_bias_impl == "triton" and isinstance(bias, RelativeBias) and window is None:
+        from maelm_jax.model.kernels.relative_flash import relative_attend
+
+        out = relative_attend(*args, interpret=options.interpret)
+        return _zero_rows_without_keys(out, segment_mask(query_segments, key_segments))
     if window is not None and options.dense_local(q.shape[1], window, dropout_rng):
         # One kernel call for global and local layers alike: the window's mask already
         # lifts itself where the layer is global, so a scanned stack needs no `cond`.

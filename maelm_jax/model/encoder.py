@@ -30,7 +30,9 @@ def gather_positions(x, idx):
 
 def stack_bias_of(config: ModelConfig, bias):
     """`attention.stack_bias` as `config` asks: in its dtype, query blocks, `once` and
-    where the table's gradient is contracted."""
+    where the table's gradient is contracted; factored still where a kernel takes it so."""
+    if config.relative_bias_impl == "triton":
+        return bias
     return stack_bias(
         bias,
         config.dtype,

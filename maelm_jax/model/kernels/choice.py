@@ -12,13 +12,16 @@ class AttentionOptions:
     """How `attend` computes: `impl` "cudnn" (GPU) serves every attention without
     probability dropout, and those with it too where `dropout_impl` is "cudnn"; "splash"
     (Pallas, TPU) those without a bias or dropout; "xla" the rest (and everything with impl
-    "xla"); `interpret` runs a Pallas kernel in the interpreter (CPU tests); `logits_dtype`
-    None: the queries' dtype."""
+    "xla"); `relative_bias_impl` "triton" puts every attention with a factored relative
+    bias (and no window) through kernels/relative_flash.py instead, whatever `impl` says;
+    `interpret` runs a Pallas kernel in the interpreter (CPU tests); `logits_dtype` None:
+    the queries' dtype."""
 
     impl: str = "xla"
     interpret: bool = False
     logits_dtype: object = None
     dropout_impl: str = "xla"  # "cudnn": cuDNN takes probability dropout too
+    relative_bias_impl: str = "dense"
 
     def fused(self, bias, dropout_rng) -> bool:
         # "auto" not yet made concrete computes as "xla"
