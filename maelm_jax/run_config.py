@@ -161,6 +161,13 @@ class ModelConfig:
                 "'auto' or 'dense' (triton: GPU)"
             )
         bias_kernel = bias_impl == "triton" and self.relative_attention_buckets > 0
+        buckets, head = self.relative_attention_buckets, self.head_dim
+        if bias_kernel and not (_power_of_two(buckets) and buckets <= 128 and _power_of_two(head)):
+            raise ConfigError(
+                f"model.relative_bias_impl='triton' takes a power-of-two head size and bucket "
+                f"count (at most 128), not head size {head} (hidden_size / num_heads) and "
+                f"model.relative_attention_buckets={buckets}; use 'dense'"
+            )
         interpret = platform == "cpu" and (impl == "splash" or bias_kernel)
         unroll = self.scan_unroll or (GPU_UNROLL if platform == "gpu" else 1)
         multiple = self.encoder_length_multiple
@@ -353,3 +360,7 @@ class RunConfig:
     # The ConfigDict as JSON: what a checkpoint stores, and what `configuration.override`
     # edits and freezes again.
     source_json: str = dataclasses.field(repr=False)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0

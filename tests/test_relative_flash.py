@@ -6,6 +6,7 @@ encoder runs through it giving the dense model's loss and gradients."""
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,16 +26,22 @@ BUCKETS = 32
 NAMES = ("q", "k", "v", "table")
 
 
-def relative_inputs(t, s, cross):
+def relative_inputs(t, s, cross, batch=2, heads=2):
     """`attention_inputs.inputs` (documents, padding 0, with `cross` a query document
     without keys) plus ascending original positions with gaps, as kept tokens have, and a
     [buckets, heads] table."""
-    (q, k, v, q_seg, k_seg), cotangent = inputs(t, s, cross, batch=2, heads=2, dim=16)
+    (q, k, v, q_seg, k_seg), cotangent = inputs(t, s, cross, batch=batch, heads=heads, dim=16)
     rng = np.random.default_rng(t + s)
-    q_pos = np.sort(rng.choice(400, size=(2, t), replace=False), axis=1)
-    k_pos = q_pos if not cross else np.sort(rng.choice(400, size=(2, s), replace=False), axis=1)
+
+    def positions(length):
+        return np.stack(
+            [np.sort(rng.choice(400, size=length, replace=False)) for _ in range(batch)]
+        )
+
+    q_pos = positions(t)
+    k_pos = q_pos if not cross else positions(s)
     edges, zero = bucket_edges(BUCKETS, 64, 400)
-    table = jnp.asarray(rng.normal(size=(BUCKETS, 2)), jnp.float32)
+    table = jnp.asarray(rng.normal(size=(BUCKETS, heads)), jnp.float32)
     bias = RelativeBias(table, jnp.asarray(q_pos), jnp.asarray(k_pos), edges, zero)
     return (q, k, v, q_seg, k_seg, bias), cotangent
 
@@ -154,6 +161,9 @@ def test_relative_bias_impl_is_made_concrete_for_the_devices(setting, platform, 
             cfg.for_platform("tpu")
     with pytest.raises(configuration.ConfigError, match=r"relative_bias_impl.*'triton'"):
         frozen(tiny_config(relative_bias_impl="pallas"))
+    odd = frozen(tiny_config(relative_attention_buckets=24, relative_bias_impl="triton"))[0]
+    with pytest.raises(configuration.ConfigError, match=r"relative_attention_buckets=24"):
+        odd.for_platform(platform)
 
 
 @pytest.mark.skipif(not has_gpu(), reason="the compiled Triton kernel needs a GPU")
@@ -167,7 +177,7 @@ def test_on_a_gpu_the_compiled_kernel_gives_the_dense_attention_and_its_gradient
     q, k, v, cotangent = (jax.random.normal(key, (b, t, n, h)) for key in keys)
     segments = jnp.asarray(np.where(np.arange(t) < 120, 1, 2)[None].repeat(b, 0), jnp.int32)
     segments = segments.at[:, 190:].set(0)
-    positions = jnp.asarray(np.sort(rng.choice(512, size=(b, t), replace=False), axis=1))
+    positions = np.stack([np.sort(rng.choice(512, size=t, replace=False)) for _ in range(b)])
     edges, zero = bucket_edges(64, 128, 512)
     table = jnp.asarray(rng.normal(size=(64, n)), jnp.float32)
     bias = RelativeBias(table, positions, positions, edges, zero)
@@ -201,3 +211,37 @@ def test_on_a_gpu_the_compiled_kernel_gives_the_dense_attention_and_its_gradient
     for name, g, w in zip(NAMES, got_grads, want_grads, strict=True):
         scale = np.abs(w).max()
         assert np.abs(g - w).max() < 0.03 * scale, name
+
+
+def test_under_a_mesh_the_kernel_is_shard_mapped_with_the_whole_batchs_dropout():
+    """Batch over "data" and heads over "model" on 8 CPU devices: each shard runs the kernel
+    on its own examples and heads with their dropout masks in the whole batch, so the
+    values and gradients (the table's summed over the batch's shards) are the unsharded
+    call's."""
+    (q, k, v, q_seg, k_seg, bias), cotangent = relative_inputs(40, 40, False, batch=4, heads=4)
+    rng = jax.random.PRNGKey(5)
+    options = AttentionOptions(relative_bias_impl="triton", interpret=True)
+
+    def run(q, k, v, table):
+        bias_ = dataclasses.replace(bias, table=table)
+        out = attend(q, k, v, q_seg, k_seg, bias_, 0.2, rng, 0, options)
+        return out, jax.vjp(lambda *a: attend(*a[:3], q_seg, k_seg, dataclasses.replace(
+            bias, table=a[3]), 0.2, rng, 0, options), q, k, v, table)[1](cotangent)  # fmt: skip
+
+    args = (q, k, v, bias.table)
+    want, want_grads = jax.jit(run)(*args)
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:8]).reshape(4, 2), ("data", "model"))
+    rules = (
+        ("activation_batch", "data"),
+        ("activation_length", None),
+        ("activation_heads", "model"),
+        ("activation_kv", None),
+    )
+    fn = jax.jit(run)
+    with jax.sharding.set_mesh(mesh), nn.logical_axis_rules(rules):
+        text = fn.lower(*args).as_text()
+        got, grads = fn(*args)
+    assert "sdy.manual_computation" in text  # the kernel runs per shard
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=2e-5)
+    for name, g, w in zip(NAMES, grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-6 * np.abs(w).max(), rtol=1e-4, err_msg=name)

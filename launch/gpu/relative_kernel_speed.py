@@ -2,9 +2,11 @@
 encoder shape (batch 64, 12 heads, 435 kept of 512 tokens, 64 buckets, dropout 0.1): one
 attention layer forward and backward, the table's gradient included, each jitted alone
 (median of 20 calls). The cuDNN rows are bias_speed.py's, rerun in the same process: the
-layer as shipped (the [B, N, T, S] bias made from the table once, its rolls and its
-gradient's contraction into the table) and the bare kernel without a bias. Then the
-kernel's block sizes and warps, for the next choice of its defaults.
+layer as shipped (given the stack's [B, N, T, S] bias; making it once per step and summing
+its gradient over the layers into the table happen outside the layer and are not in the
+row) and the layer without a bias. Then the kernel's block sizes and warps, the kernel
+with its table gradient left unsummed (what the per-bucket sums cost), and its forward
+pass alone.
 
 Usage: python relative_kernel_speed.py PROJ OUTDIR [BATCH]
 """
@@ -77,6 +79,15 @@ def layer(impl, dropout=True, blocks=(64, 64), warps=4):
     return grad, (*qkv, None if impl == "cudnn, no bias" else dense)
 
 
+def layer_forward(q, k, v, table):
+    segs = padded(jnp.ones((B, T), jnp.int32), 64, -1)
+    pos = padded(positions, 64)
+    seed = jax.random.bits(rng, (), jnp.uint32)
+    return relative_flash.relative_attention(
+        q, k, v, (segs, segs), (pos, pos), table, seed, edges=edges, zero_bucket=zero, rate=0.1
+    )
+
+
 def timed(name, fn, *args, reps=20):
     f = jax.jit(fn, compiler_options=COMPILER_OPTIONS)
     try:
@@ -110,3 +121,9 @@ for name, impl, dropout, blocks, warps in [
 ]:
     grad, args = layer(impl, dropout, blocks, warps)
     timed(name, grad, *args)
+grad, args = layer("triton")
+relative_flash._TABLE_GRADIENT = False
+timed("triton layer fwd+bwd, table gradient not summed", grad, *args)
+relative_flash._TABLE_GRADIENT = True
+
+timed("triton layer forward only", layer_forward, *args)

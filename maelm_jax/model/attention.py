@@ -215,7 +215,7 @@ def attend(
     """
     args = (q, k, v, query_segments, key_segments, bias, dropout_rate, dropout_rng)
     if options.relative_bias_impl == "triton" and isinstance(bias, RelativeBias) and window is None:
-        from maelm_jax.model.kernels.relative_flash import relative_attend
+        from maelm_jax.model.kernels.relative_attend import relative_attend
 
         out = relative_attend(*args, interpret=options.interpret)
         return _zero_rows_without_keys(out, segment_mask(query_segments, key_segments))

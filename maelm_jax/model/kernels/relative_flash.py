@@ -1,31 +1,30 @@
-"""Flash attention that builds MAE-LM's relative bias inside the kernel (Pallas on Triton, GPU).
+"""Flash attention that adds MAE-LM's relative bias inside the kernel (Pallas on Triton, GPU).
 
 Why: cuDNN takes the relative bias only as a [B, N, T, S] array, and the MAE-LM encoder's is
 per example (the kept tokens' distances differ). On an H200 at mae_lm_base's encoder shape
-(64 x 12 x 435 x 435, dropout 0.1) cuDNN's reading of that array cost 0.46 ms a layer and
-writing its gradient 0.43 ms, besides making and summing it: 1.42x MLM's step time for
-1.16x its FLOPs (docs/results.md, "a fifth lease"). Here each score's bias is looked up
-in the [buckets, N] table from the two tokens' original positions, and the table's gradient
-is summed per key block inside the backward kernel, so no array of the scores' size exists
-in either pass.
+(64 x 12 x 435 x 435, dropout 0.1), cuDNN reading that array cost 0.46 ms a layer and writing
+its gradient 0.43 ms, and making it and summing its gradient cost more outside the layer
+(docs/results.md, "a fifth lease"). Here no array of the scores' size exists in either pass:
+each score's bias is looked up in the [buckets, N] table by an int8 code per (example,
+query, key) that every head and kernel shares (`bucket_codes`; it marks hidden keys too),
+and the table's gradient is summed per key block inside the backward kernel.
+
+What it measured (docs/results.md, "a sixth lease"): 4.1 ms a layer against cuDNN's 2.8 to
+3.2 with the bias, and mae_lm_base's step 102.2 ms against 96.0. Of those 4.1 ms, 1.0 to 1.3
+go to the per-bucket sums of the table's gradient: up to ~57 passes over a diagonal
+block's tile. The forward pass is 1.0 to 1.3 ms. So `model.relative_bias_impl` "auto" stays
+on the dense bias. Also, jax 0.11 deprecates Pallas's Triton backend for Mosaic GPU, where a
+next version would go.
 
 What the kernel computes is `attention._attend_block` with a `RelativeBias`: scores
 q k^T / sqrt(H) + table[bucket(key position - query position)], a key visible iff its
-segment is the query's, softmax in float32, probability dropout, and zeros for a query
-whose segment has no key. Dropout draws its mask from a counter hash (murmur3's finaliser)
-of the step's seed and the (example, head, query, key) index, in the forward and again in
-the backward pass: a function of the layer's dropout key, so a resumed run draws the masks
-the uninterrupted one would have (`dropout_keep` gives it to the tests).
-
-The bucket of an offset is `relative_bias.offset_buckets`'s count of the edges it reaches,
-the exact run of edges 1, 2, ..., r as one `min` (fairseq's buckets keep the first r
-offsets exact). The table's gradient: per (example, head, key block), the score gradients
-summed per bucket over the buckets that block's visible scores reach (few, away from the
-diagonal), then summed over examples and blocks by XLA.
-
-Lengths must be multiples of `BLOCK` (`model.encoder_length_multiple` pads the kept tokens
-once, before the encoder); the head size a power of two. Runs on CPU in the Pallas
-interpreter (`interpret=True`) for the tests.
+segment is the query's, softmax in float32, and probability dropout. Dropout draws its mask
+from a counter hash (murmur3's finaliser) of the step's seed and the (example, head, query,
+key) index, in the forward and again in the backward pass. It is a function of the layer's
+dropout key, so a resumed run draws the masks the uninterrupted one would have
+(`dropout_keep` gives them to the tests). Lengths must be multiples of the blocks
+(relative_attend.py pads); the head size and bucket count must be powers of two. Runs on CPU
+in the Pallas interpreter (`interpret=True`) for the tests.
 """
 
 import functools
@@ -43,6 +42,9 @@ from maelm_jax.run_config import TRITON_BLOCK
 BLOCK = TRITON_BLOCK
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a row without keys stays NaN-free
 _LOG2E = math.log2(math.e)
+# False: the table's gradient left at zero, so launch/gpu/relative_kernel_speed.py can time
+# what summing it costs (1.0 to 1.3 of 4.1 ms a layer on an H200). Never False in a model.
+_TABLE_GRADIENT = True
 
 
 def _fmix32(x):
@@ -55,9 +57,18 @@ def _fmix32(x):
 
 
 def _stream(seed, example, head, heads):
-    """The scalar that makes (example, head)'s dropout stream distinct from every other's."""
-    index = (example * heads + head).astype(jnp.uint32)
+    """The scalar that makes (example, head)'s dropout stream distinct from every other's;
+    `example` and `head` count in the whole batch and head axis, not a shard's."""
+    index = example.astype(jnp.uint32) * heads + head.astype(jnp.uint32)
     return _fmix32(seed ^ _fmix32(index * jnp.uint32(0x9E3779B1) + jnp.uint32(1)))
+
+
+def _program_stream(key_ref, b, n):
+    """`_stream` of this program's (example, head); `key_ref` holds (seed, the shard's first
+    example, its first head, the heads of the whole layer)."""
+    return _stream(
+        key_ref[0], b.astype(jnp.uint32) + key_ref[1], n.astype(jnp.uint32) + key_ref[2], key_ref[3]
+    )
 
 
 def _keep(stream, rows, cols, keys: int, rate: float):
@@ -71,7 +82,7 @@ def dropout_keep(seed, batch: int, heads: int, queries: int, keys: int, rate: fl
     """bool [B, N, T, S]: the kernel's dropout mask for `seed`, for tests and references."""
     example = jnp.arange(batch)[:, None]
     head = jnp.arange(heads)[None, :]
-    streams = _stream(seed, example, head, heads)  # [B, N]
+    streams = _stream(jnp.asarray(seed, jnp.uint32), example, head, jnp.uint32(heads))  # [B, N]
     keep = jax.vmap(jax.vmap(lambda s: _keep(s, jnp.arange(queries), jnp.arange(keys), keys, rate)))
     return keep(streams)
 
@@ -128,7 +139,7 @@ def _tile(codes_ref, iq, ik, spec: _Spec):
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, codes_ref, table_ref, o_ref, lse_ref, *,
                     spec: _Spec):  # fmt: skip
     iq, b, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    stream = _stream(seed_ref[0], b, n, spec.heads)
+    stream = _program_stream(seed_ref, b, n)
     q = q_ref[...]
     rows = iq * spec.block_q + jnp.arange(spec.block_q)
 
@@ -156,7 +167,7 @@ def _key_block_kernel(seed_ref, q_ref, k_ref, v_ref, codes_ref, table_ref, do_re
                       delta_ref, dk_ref, dv_ref, dtable_ref, *, spec: _Spec):  # fmt: skip
     """dk, dv and the table's gradient for one key block, over every query block."""
     ik, b, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    stream = _stream(seed_ref[0], b, n, spec.heads)
+    stream = _program_stream(seed_ref, b, n)
     k, v = k_ref[...], v_ref[...]
     cols = ik * spec.block_k + jnp.arange(spec.block_k)
     bucket_ids = jnp.arange(spec.buckets)
@@ -181,7 +192,8 @@ def _key_block_kernel(seed_ref, q_ref, k_ref, v_ref, codes_ref, table_ref, do_re
             total = jnp.sum(jnp.where(codes == bucket, ds, 0.0))
             return dtable + jnp.where(bucket_ids == bucket, total, 0.0)
 
-        dtable = jax.lax.fori_loop(low, high + 1, per_bucket, dtable)
+        if _TABLE_GRADIENT:
+            dtable = jax.lax.fori_loop(low, high + 1, per_bucket, dtable)
         return dk, dv, dtable
 
     zeros = jnp.zeros((spec.block_k, spec.head_dim), jnp.float32)
@@ -196,7 +208,7 @@ def _query_block_kernel(seed_ref, q_ref, k_ref, v_ref, codes_ref, table_ref, do_
                         delta_ref, dq_ref, *, spec: _Spec):  # fmt: skip
     """dq for one query block, over every key block."""
     iq, b, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    stream = _stream(seed_ref[0], b, n, spec.heads)
+    stream = _program_stream(seed_ref, b, n)
     q, do = q_ref[...], do_ref[...]
     lse, delta = _rows(lse_ref, iq, spec.block_q), _rows(delta_ref, iq, spec.block_q)
     rows = iq * spec.block_q + jnp.arange(spec.block_q)
@@ -228,11 +240,14 @@ def bucket_codes(segments, positions, edges, zero_bucket, buckets: int):
 
 
 def relative_attention(q, k, v, segments, positions, table, seed, *, edges, zero_bucket,
-                       rate=0.0, interpret=False, blocks=(BLOCK, BLOCK), warps=4):  # fmt: skip
+                       rate=0.0, interpret=False, blocks=(BLOCK, BLOCK), warps=4,
+                       offsets=(0, 0), heads=None):  # fmt: skip
     """q [B, T, N, H], k and v [B, S, N, H] (T, S multiples of the blocks), segments and
     positions ((query [B, T], key [B, S]) int each, positions broadcastable from [1, ...]),
     table [K, N] float32, seed uint32 [] (dropout's; unused at rate 0) -> [B, T, N, H]. The
-    rows of a query whose segment has no key are not zeroed: the caller does that."""
+    rows of a query whose segment has no key are not zeroed: the caller does that. In a
+    shard, `offsets` (its first example and head) and `heads` (the layer's) keep its dropout
+    masks those of the whole batch's."""
     spec = _Spec(q, k, table, rate, interpret, blocks, warps)
     for name, length, block in (
         ("queries", spec.queries, spec.block_q),
@@ -253,7 +268,9 @@ def relative_attention(q, k, v, segments, positions, table, seed, *, edges, zero
     batch = q.shape[:1]
     positions = [jnp.broadcast_to(p, batch + p.shape[1:]).astype(jnp.int32) for p in positions]
     codes = bucket_codes(segments, positions, edges, zero_bucket, spec.buckets)
-    seed = jnp.reshape(seed, (1,)).astype(jnp.uint32)
+    first = [jnp.asarray(o, jnp.uint32) for o in offsets]
+    total = jnp.uint32(spec.heads if heads is None else heads)
+    seed = jnp.stack([jnp.asarray(seed, jnp.uint32), *first, total])
     return _attention(spec, seed, q, k, v, codes, table.T.astype(jnp.float32))
 
 
@@ -269,7 +286,7 @@ def _in_specs(spec: _Spec, blocked: str):
 
     keys = rows(spec.keys, spec.block_k, blocked == "k")
     return [
-        pl.BlockSpec((1,), lambda i, b, n: (0,)),
+        pl.BlockSpec((4,), lambda i, b, n: (0,)),
         rows(spec.queries, spec.block_q, blocked == "q"),
         keys,
         keys,
@@ -351,34 +368,3 @@ def _attention_bwd(spec, residuals, d_out):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def relative_attend(q, k, v, query_segments, key_segments, bias, rate, rng, interpret=False):
-    """`attention.attend`'s arguments with a `RelativeBias` -> [B, T, N, H], lengths padded
-    to `BLOCK` and cut here (padded keys in segment -2, seen by no query); dropout iff
-    `rng`, its seed drawn from `rng`."""
-    t, s = q.shape[1], k.shape[1]
-
-    def pad(x, to, fill=0):
-        widths = [(0, 0)] * x.ndim
-        widths[1] = (0, -to % BLOCK)
-        return jnp.pad(x, widths, constant_values=fill) if to % BLOCK else x
-
-    q, query_segments = pad(q, t), pad(query_segments, t, -1)
-    k, v, key_segments = pad(k, s), pad(v, s), pad(key_segments, s, -2)
-    positions = (pad(bias.query_positions, t), pad(bias.key_positions, s))
-    seed = jnp.zeros((), jnp.uint32) if rng is None else jax.random.bits(rng, (), jnp.uint32)
-    out = relative_attention(
-        q,
-        k,
-        v,
-        (query_segments, key_segments),
-        positions,
-        bias.table,
-        seed,
-        edges=bias.edges,
-        zero_bucket=bias.zero_bucket,
-        rate=rate if rng is not None else 0.0,
-        interpret=interpret,
-    )
-    return out[:, :t]

@@ -14,27 +14,22 @@ What the kernel does not do for us, and this module does:
 - Handle a query whose segment has no key (a 3ML-cross query of a fully masked document,
   or a padded query): the kernel's masked logits are a finite constant, so such a row comes
   out as a uniform average of all values. `_attend_block` gives zeros there, so we do too.
-- Partition itself: GSPMD cannot split a `pallas_call`, so under a mesh it would gather the
-  whole batch onto every device. We `shard_map` it over batch and heads, which the kernel
-  treats independently, as the logical-axis rules say they are sharded.
+- Partition itself: `shard_map` over batch and heads (partition.py).
 """
 
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
-from jax.sharding import PartitionSpec
 
-from maelm_jax.model import logical_axes as ax
+from maelm_jax.model.kernels.partition import batch_and_head_specs
 
 # Splash tiles both sequences in multiples of the TPU's 128 lanes (segment ids are laid out
 # along lanes); a smaller block_kv is rejected with NotImplementedError.
 LANES = 128
-SEGMENTS = ("activation_batch", "activation_length")
 
 
 def splash_attend(
@@ -54,7 +49,7 @@ def splash_attend(
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return local(q, k, v, query_segments, key_segments)
-    heads, segments = _partition_specs(mesh, q.shape[0], q.shape[2])
+    heads, segments = batch_and_head_specs(mesh, q.shape[0], q.shape[2], "splash attention")
     sharded = jax.shard_map(
         local,
         mesh=mesh,
@@ -64,35 +59,6 @@ def splash_attend(
         check_vma=False,
     )
     return sharded(q, k, v, query_segments, key_segments)
-
-
-def _partition_specs(mesh, batch_size: int, num_heads: int):
-    """(spec of [B, L, N, H], spec of [B, L]) from the current logical-axis rules.
-
-    Only batch and heads may be split: each shard must see whole sequences, since a query
-    needs every key of its document and the kernel has no cross-device softmax. A batch or
-    head count the mesh axes do not divide (the one-row batch `init` traces) stays whole.
-    """
-    batch, length, heads, kv = nn.logical_to_mesh_axes(ax.HEADS)
-    segment_batch, segment_length = nn.logical_to_mesh_axes(SEGMENTS)
-    if length is not None or segment_length is not None or kv is not None:
-        raise ValueError(
-            "splash attention needs an unsharded sequence and head dim, but the logical "
-            f"axis rules shard {ax.HEADS} as {(batch, length, heads, kv)}; map "
-            "activation_length and activation_kv to None or use the XLA attention path"
-        )
-    if segment_batch != batch:
-        raise ValueError(
-            f"segment ids' batch is sharded as {segment_batch}, the heads' batch as {batch}"
-        )
-
-    def divides(axes, size):
-        names = (axes,) if isinstance(axes, str) else axes or ()
-        return size % math.prod(mesh.shape[name] for name in names) == 0
-
-    batch = batch if divides(batch, batch_size) else None
-    heads = heads if divides(heads, num_heads) else None
-    return PartitionSpec(batch, None, heads, None), PartitionSpec(batch, None)
 
 
 def _round_up(n: int, multiple: int) -> int:
