@@ -18,7 +18,6 @@ Usage: python bias_speed.py PROJ OUTDIR [BATCH]
 
 import json
 import sys
-import time
 
 proj, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, proj)
@@ -27,20 +26,14 @@ import functools  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from layer_bench import B, H, K, N, T, edges, keys, median_ms, positions, table, zero  # noqa: E402
 
 from maelm_jax.model.kernels import cudnn  # noqa: E402
 from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS, cudnn_attend, roll  # noqa: E402
 from maelm_jax.model.positions import relative_bias as rb  # noqa: E402
 
-B, N, T, H, K = int(sys.argv[3]) if len(sys.argv) > 3 else 64, 12, 435, 64, 64
-edges, zero = rb.bucket_edges(K, 128, 512)
-keys = jax.random.split(jax.random.PRNGKey(0), 8)
-positions = jnp.sort(
-    jax.vmap(lambda k: jax.random.permutation(k, 512)[:T])(jax.random.split(keys[0], B)), -1
-)
 buckets = rb.offset_buckets(positions[:, None, :] - positions[:, :, None], edges, zero)
 cot = jax.random.normal(keys[1], (B, N, T, T), jnp.bfloat16)
-table = jax.random.normal(keys[2], (K, N), jnp.float32)
 
 
 reference = jax.jit(lambda c, b: rb.table_gradient(c, b, K))(cot, buckets)
@@ -53,12 +46,7 @@ def timed(name, fn, *args, reps=20, options=None):
         if getattr(got, "shape", None) == reference.shape and "12" not in name:
             err = float(jnp.max(jnp.abs(got - reference)) / jnp.max(jnp.abs(reference)))
             name += f" (rel err {err:.1e})"
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times.append(time.perf_counter() - start)
-        ms = 1e3 * sorted(times)[len(times) // 2]
+        ms = median_ms(f, args, reps)
     except Exception as e:  # one failing form must not hide the others
         print(f"{name:48s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
         return name, None

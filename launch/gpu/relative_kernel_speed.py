@@ -20,19 +20,13 @@ sys.path.insert(0, proj)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from layer_bench import B, H, K, N, T, edges, keys, median_ms, positions, table, zero  # noqa: E402
 
 from maelm_jax.model.attention import AttentionOptions, attend  # noqa: E402
 from maelm_jax.model.kernels import relative_flash  # noqa: E402
 from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS  # noqa: E402
 from maelm_jax.model.positions import relative_bias as rb  # noqa: E402
 
-B, N, T, H, K = int(sys.argv[3]) if len(sys.argv) > 3 else 64, 12, 435, 64, 64
-edges, zero = rb.bucket_edges(K, 128, 512)
-keys = jax.random.split(jax.random.PRNGKey(0), 8)
-positions = jnp.sort(
-    jax.vmap(lambda k: jax.random.permutation(k, 512)[:T])(jax.random.split(keys[0], B)), -1
-)
-table = jax.random.normal(keys[2], (K, N), jnp.float32)
 q, k, v = (jax.random.normal(keys[3 + i], (B, T, N, H), jnp.bfloat16) for i in range(3))
 rng = keys[6]
 results = {}
@@ -94,12 +88,7 @@ def timed(name, fn, *args, reps=20):
         start = time.perf_counter()
         jax.block_until_ready(f(*args))
         compile_s = time.perf_counter() - start
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times.append(time.perf_counter() - start)
-        ms = 1e3 * sorted(times)[len(times) // 2]
+        ms = median_ms(f, args, reps)
     except Exception as e:  # one failing form must not hide the others
         print(f"{name:56s} FAILED {type(e).__name__}: {str(e)[:600]}", flush=True)
         return
