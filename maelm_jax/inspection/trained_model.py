@@ -72,13 +72,18 @@ def abstract_params(model_config: ModelConfig, pad_id: int, seq_len: int, k: int
     )
 
 
-def load(workdir, step: int | None = None) -> TrainedModel:
-    """The newest usable checkpoint of `workdir` (local or gs://), or `step`; ConfigError if
-    there is none or its parameters do not fit the config stored beside them."""
+def step_dir_of(workdir, step: int | None = None) -> epath.Path:
+    """The newest usable checkpoint's folder in `workdir`, or `step`'s; ConfigError if none."""
     root = manifest.absolute(workdir) / manifest.CHECKPOINT_DIRNAME
     if not root.exists():
         raise ConfigError(f"workdir={os.fspath(workdir)!r} has no {root.name}/ directory")
-    step_dir = _choose_step(root, step)
+    return _choose_step(root, step)
+
+
+def load(workdir, step: int | None = None) -> TrainedModel:
+    """The newest usable checkpoint of `workdir` (local or gs://), or `step`; ConfigError if
+    there is none or its parameters do not fit the config stored beside them."""
+    step_dir = step_dir_of(workdir, step)
     handler = ocp.JsonCheckpointHandler()
     config = configuration.from_checkpoint(
         handler.restore(step_dir / "config", args=ocp.args.JsonRestore())

@@ -1,0 +1,116 @@
+"""`python -m maelm_jax.finetune --export=DIR | --workdir=DIR [--step=N] --output_dir=OUT
+[--tasks=cola,sst2,...] [--glue_dir=DIR] [--quick] [--json]`.
+
+Fine-tunes an export on GLUE in PyTorch (a GPU in bf16 when torch sees one) with RoBERTa's
+recipe and reports dev medians over seeds (`maelm_jax/glue/search.py` says how runs are
+chosen, resumed and refused). `--workdir` exports the checkpoint first, through the exporter
+and its parity check, into OUT/export-step<N>.
+"""
+
+import json
+import os
+
+from absl import app, flags, logging
+
+from maelm_jax import cli
+from maelm_jax.glue import readers, recipe, tasks
+from maelm_jax.run_config import ConfigError
+
+FLAGS = flags.FLAGS
+_RECIPE_FLAGS = {  # flag -> Recipe field; unset flags keep the chosen recipe's value
+    "learning_rates": float,
+    "batch_sizes": int,
+    "seeds": int,
+}
+
+
+def define_flags() -> None:
+    """Called by `__main__` only: importing the module defines no flags."""
+    flags.DEFINE_string("export", None, "HuggingFace export (python -m maelm_jax.export).")
+    flags.DEFINE_string("workdir", None, "Training workdir: export its checkpoint first.")
+    flags.DEFINE_integer("step", None, "With --workdir: the checkpoint (default: newest usable).")
+    flags.DEFINE_string("output_dir", None, "Folder for runs/ and results.json (resumable).")
+    flags.DEFINE_string("tasks", ",".join(tasks.TASKS), "GLUE tasks, comma-separated.")
+    flags.DEFINE_string("glue_dir", None, "GLUE's download (CoLA/train.tsv, ...); else TFDS.")
+    flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir for glue/<task> (default TFDS's).")
+    flags.DEFINE_list("inits", ["pretrained"], "pretrained and/or random (the control row).")
+    flags.DEFINE_bool("quick", False, "A CPU smoke budget (glue/recipe.py QUICK), not a result.")
+    flags.DEFINE_list("learning_rates", None, "Grid of peak learning rates.")
+    flags.DEFINE_list("batch_sizes", None, "Grid of batch sizes.")
+    flags.DEFINE_list("seeds", None, "Seeds of every setting (the median is reported).")
+    flags.DEFINE_float("epochs", None, "Epochs over the (capped) train set.")
+    flags.DEFINE_integer("max_steps", None, "Cap on each run's steps (0: none).")
+    flags.DEFINE_integer("max_train_examples", None, "Train subset per run (0: all).")
+    flags.DEFINE_integer("max_seq_length", None, "Tokens per row, cut longest first.")
+    flags.DEFINE_float("warmup_ratio", None, "Share of steps warming up linearly.")
+    flags.DEFINE_float("weight_decay", None, "AdamW's decoupled weight decay.")
+    flags.DEFINE_float("dropout", None, "Hidden and classifier dropout while fine-tuning.")
+    flags.DEFINE_float("attention_dropout", None, "Attention dropout while fine-tuning.")
+    flags.DEFINE_bool("json", False, "Print results.json's content instead of the table.")
+
+
+def chosen_recipe() -> recipe.Recipe:
+    base = recipe.QUICK if FLAGS.quick else recipe.ROBERTA
+    changes = {}
+    for name, kind in _RECIPE_FLAGS.items():
+        values = FLAGS[name].value
+        if values is not None:
+            try:
+                changes[name] = tuple(kind(v) for v in values)
+            except ValueError:
+                raise ConfigError(f"--{name}={','.join(values)}: not {kind.__name__}s") from None
+    for name in (
+        "epochs", "max_steps", "max_train_examples", "max_seq_length", "warmup_ratio",
+        "weight_decay", "dropout", "attention_dropout",
+    ):  # fmt: skip
+        if FLAGS[name].value is not None:
+            changes[name] = FLAGS[name].value
+    return recipe.Recipe(**{**vars(base), **changes})
+
+
+def export_dir(output_dir: str) -> str:
+    """--export, or --workdir's checkpoint exported once into OUT/export-step<N>."""
+    if (FLAGS.export is None) == (FLAGS.workdir is None):
+        raise app.UsageError("give exactly one of --export and --workdir")
+    if FLAGS.export is not None:
+        if FLAGS.step is not None:
+            raise app.UsageError("--step goes with --workdir, not --export")
+        return FLAGS.export
+    from maelm_jax.hf.export import export
+    from maelm_jax.inspection import trained_model
+
+    step = int(trained_model.step_dir_of(FLAGS.workdir, FLAGS.step).name)
+    out = os.path.join(output_dir, f"export-step{step}")
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        logging.info("exporting %s step %d to %s", FLAGS.workdir, step, out)
+        export(FLAGS.workdir, out, step)  # appears only once parity holds
+    return out
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")  # the export's parity check runs on the host
+    task_list = tasks.resolve(FLAGS.tasks)
+    chosen = chosen_recipe()
+    from maelm_jax.glue.report import table
+    from maelm_jax.glue.search import run_search
+
+    result = run_search(
+        export_dir(FLAGS.output_dir),
+        task_list,
+        chosen,
+        FLAGS.output_dir,
+        inits=tuple(FLAGS.inits),
+        glue_dir=FLAGS.glue_dir,
+        tfds_data_dir=FLAGS.tfds_data_dir,
+    )
+    print(json.dumps(result) if FLAGS.json else table(result))
+
+
+if __name__ == "__main__":
+    define_flags()
+    flags.mark_flags_as_required(["output_dir"])
+    cli.run(main, errors=(readers.GlueDataError, RuntimeError), prog="maelm_jax.finetune")

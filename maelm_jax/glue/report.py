@@ -1,0 +1,36 @@
+"""The search's results as a table for people (the JSON is results.json as it stands)."""
+
+_SHORT = {"accuracy": "acc", "matthews": "mcc", "pearson": "pearson", "spearman": "spearman"}
+
+
+def _detail(task: dict) -> str:
+    parts = []
+    for split, values in task["metric_medians"].items():
+        prefix = "" if split == "dev" else f"{split.removeprefix('dev_')} "
+        parts += [f"{prefix}{_SHORT.get(m, m)} {v:.1f}" for m, v in values.items()]
+    return ", ".join(parts)
+
+
+def table(result: dict) -> str:
+    """One row per task and init: the task's score (GLUE's mean of its metrics, points), the
+    seeds' range, the chosen setting; then the GLUE average per init."""
+    header = ("task", "init", "score", "range", "metrics (medians)", "lr", "batch", "seeds")
+    rows = [
+        (
+            t["task"],
+            t["init"],
+            f"{t['median']:.1f}",
+            f"{t['low']:.1f}-{t['high']:.1f}",
+            _detail(t),
+            f"{t['learning_rate']:g}",
+            str(t["batch_size"]),
+            str(len(t["seeds"])),
+        )
+        for t in result["tasks"]
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for init, score in result["glue_score"].items():
+        lines.append(f"GLUE average ({init}, {len(result['tasks'])} rows' medians): {score:.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""Every run of the recipe's grid on an export, resumable run by run, and the papers' summary.
+
+`output_dir` holds `spec.json` (what was asked: the export's identity, the recipe, the tasks),
+`runs/<run>.json` (one per finished run, written whole or not at all) and, once every run is
+done, `results.json`. A rerun with the same spec reuses the finished runs, so a killed search
+goes on where it stopped; a rerun with another spec is refused rather than mixed in. Nothing
+is written before the export and every task's data have been read and checked.
+
+Each task's reported setting is the one with the best median over seeds; the table gives that
+median and the seeds' range (RoBERTa, COCO-LM and MAE-LM report dev medians over five seeds).
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import time
+
+from absl import logging
+
+from maelm_jax.glue import classifier, metrics, readers, tasks
+from maelm_jax.glue.recipe import Recipe
+from maelm_jax.glue.training import Encoded, RunResult, RunSpec, encode, fine_tune, steps_for
+from maelm_jax.run_config import ConfigError
+
+SPEC_FILE = "spec.json"
+RESULTS_FILE = "results.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSummary:
+    task: str
+    init: str
+    metrics: tuple[str, ...]
+    learning_rate: float  # the best setting's
+    batch_size: int
+    seeds: tuple[int, ...]
+    scores: tuple[float, ...]  # per seed, GLUE points
+    median: float
+    low: float
+    high: float
+    metric_medians: dict[str, dict[str, float]]  # dev split -> metric -> median (points)
+    settings: dict[str, float]  # "lr=..,bs=.." -> median score, every setting tried
+    seconds: float  # all of this task's runs
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def export_identity(export_dir: str) -> dict:
+    """What makes two exports the same model: the weights' and the config's bytes."""
+    weights = os.path.join(export_dir, "model.safetensors")
+    return {
+        "path": os.path.abspath(export_dir),
+        "model.safetensors": _sha256(weights),
+        "config.json": _sha256(os.path.join(export_dir, "config.json")),
+    }
+
+
+def _write_json(path: str, value) -> None:
+    """Whole or not at all: a killed write leaves no file a later run would trust."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def claim_output_dir(output_dir: str, spec: dict) -> None:
+    """Creates `output_dir` for `spec`, or accepts it when it holds the same spec; refuses a
+    folder with another spec, or with files that are not a search's."""
+    path = os.path.join(output_dir, SPEC_FILE)
+    spec = json.loads(json.dumps(spec))  # as it reads back: tuples are lists
+    if os.path.isfile(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old != spec:
+            changed = sorted(k for k in spec.keys() | old.keys() if spec.get(k) != old.get(k))
+            raise ConfigError(
+                f"--output_dir={output_dir} holds a fine-tuning search with another "
+                f"{', '.join(changed)}; give a new --output_dir (its results are not mixed)"
+            )
+        return
+    ours = ("export-step",)  # finetune --workdir's export, made before the spec exists
+    if os.path.isdir(output_dir) and any(not n.startswith(ours) for n in os.listdir(output_dir)):
+        raise ConfigError(
+            f"--output_dir={output_dir} exists, is not empty and holds no {SPEC_FILE}; give a "
+            "new or empty folder"
+        )
+    os.makedirs(os.path.join(output_dir, "runs"), exist_ok=True)
+    _write_json(path, spec)
+
+
+class Progress:
+    """Steps done over the steps planned for the whole search, with a rate and an ETA;
+    logged at most every `every_s` seconds (and at each run's end)."""
+
+    def __init__(self, total_steps: int, every_s: float = 10.0):
+        self.total, self.done, self.every_s = total_steps, 0, every_s
+        self.start = self.last = time.perf_counter()
+        self.run_start_done = 0
+
+    def skip(self, steps: int) -> None:
+        self.total -= steps
+
+    def step(self, name: str, step: int, steps: int, loss: float) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        if now - self.last < self.every_s and step != steps:
+            return
+        self.last = now
+        rate = self.done / max(now - self.start, 1e-9)
+        eta = (self.total - self.done) / rate if rate else float("inf")
+        logging.info(
+            "%s: step %d/%d, loss %.4f | search %.0f%% (%d/%d steps), %.2f steps/s, ETA %s",
+            name, step, steps, loss, 100 * self.done / max(self.total, 1), self.done,
+            self.total, rate, time.strftime("%H:%M:%S", time.gmtime(eta)),
+        )  # fmt: skip
+
+
+def _load_run(path: str, spec: RunSpec) -> RunResult | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        saved = json.load(f)
+    if saved["spec"] != dataclasses.asdict(spec):
+        return None
+    return RunResult(**{**saved, "spec": spec})
+
+
+def summarize(task: tasks.Task, init: str, results: list[RunResult]) -> TaskSummary:
+    by_setting: dict[tuple[float, int], list[RunResult]] = {}
+    for r in results:
+        by_setting.setdefault((r.spec.learning_rate, r.spec.batch_size), []).append(r)
+    medians = {k: statistics.median(r.score for r in v) for k, v in by_setting.items()}
+    best = max(medians, key=lambda k: (medians[k], -k[0]))  # ties: the smaller lr
+    runs = by_setting[best]
+    scores = tuple(r.score for r in runs)
+    splits = runs[0].metrics
+    return TaskSummary(
+        task=task.name,
+        init=init,
+        metrics=task.metrics,
+        learning_rate=best[0],
+        batch_size=best[1],
+        seeds=tuple(r.spec.seed for r in runs),
+        scores=scores,
+        median=statistics.median(scores),
+        low=min(scores),
+        high=max(scores),
+        metric_medians={
+            split: {
+                m: 100 * statistics.median(r.metrics[split][m] for r in runs) for m in splits[split]
+            }
+            for split in splits
+        },
+        settings={f"lr={k[0]:g},bs={k[1]}": v for k, v in medians.items()},
+        seconds=sum(r.seconds for r in results),
+    )
+
+
+def load_data(task_list, glue_dir, tfds_data_dir):
+    """{task: (train, {dev split: examples})}, every file read and checked up front."""
+    data = {}
+    for task in task_list:
+        train = readers.read(task, "train", glue_dir, tfds_data_dir)
+        dev = {s: readers.read(task, s, glue_dir, tfds_data_dir) for s in task.dev_splits}
+        data[task.name] = (train, dev)
+    return data
+
+
+def run_search(
+    export_dir: str,
+    task_list: list[tasks.Task],
+    recipe: Recipe,
+    output_dir: str,
+    inits: tuple[str, ...] = ("pretrained",),
+    glue_dir: str | None = None,
+    tfds_data_dir: str | None = None,
+) -> dict:
+    """Runs (or picks up) every run and returns what results.json holds."""
+    import torch
+
+    for init in inits:
+        if init not in classifier.INITS:
+            raise ConfigError(f"--inits: {init!r}; allowed: {', '.join(classifier.INITS)}")
+    classifier.export_config(export_dir)
+    tok = classifier.tokenizer(export_dir)
+    data = load_data(task_list, glue_dir, tfds_data_dir)
+    limit = min(tok.model_max_length, recipe.max_seq_length)
+    spec = {
+        "export": export_identity(export_dir),
+        "recipe": dataclasses.asdict(recipe),
+        "tasks": [t.name for t in task_list],
+        "inits": list(inits),
+        "data": os.path.abspath(glue_dir) if glue_dir else "tfds",
+    }
+    claim_output_dir(output_dir, spec)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plan = [(t, init, recipe.runs(t.name, init, limit)) for t in task_list for init in inits]
+    sizes = {t.name: len(data[t.name][0]) for t in task_list}
+    progress = Progress(sum(steps_for(r, sizes[t.name]) for t, _, rs in plan for r in rs))
+    logging.info(
+        "fine-tuning %s on %s (%s): %d runs, %d steps on %s",
+        export_dir, ",".join(sizes), ",".join(inits), sum(len(rs) for _, _, rs in plan),
+        progress.total, device,
+    )  # fmt: skip
+    summaries = []
+    for task, init, run_specs in plan:
+        train, dev = data[task.name]
+        enc_train: Encoded | None = None
+        enc_dev: dict[str, Encoded] = {}
+        results = []
+        for run in run_specs:
+            path = os.path.join(output_dir, "runs", f"{run.name}.json")
+            done = _load_run(path, run)
+            if done is None:
+                if enc_train is None:
+                    enc_train = encode(tok, train, run.max_seq_length)
+                    enc_dev = {s: encode(tok, d, run.max_seq_length) for s, d in dev.items()}
+
+                def factory(task=task, run=run, init=init):
+                    return classifier.classifier(
+                        export_dir, task.num_labels, init, run.dropout, run.attention_dropout
+                    )
+
+                done = fine_tune(
+                    factory, task, enc_train, enc_dev, run, tok.pad_token_id, device,
+                    on_step=lambda s, n, loss, name=run.name: progress.step(name, s, n, loss),
+                )  # fmt: skip
+                _write_json(path, dataclasses.asdict(done))
+                logging.info("%s: score %.2f (%.0f s)", run.name, done.score, done.seconds)
+            else:
+                progress.skip(done.steps)
+            results.append(done)
+        summaries.append(summarize(task, init, results))
+    result = {
+        "export": spec["export"],
+        "device": str(device),
+        "recipe": spec["recipe"],
+        "tasks": [dataclasses.asdict(s) for s in summaries],
+        "glue_score": {
+            init: metrics.glue_score({s.task: s.median for s in summaries if s.init == init})
+            for init in inits
+        },
+    }
+    _write_json(os.path.join(output_dir, RESULTS_FILE), result)
+    return result

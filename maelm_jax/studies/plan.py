@@ -1,0 +1,132 @@
+"""What a study is: its objectives (config files), tasks and recipe, fixed in spec.json.
+
+A study directory belongs to one spec. Rerunning with the same spec goes on where the last run
+stopped; another config, task list or recipe is refused by name, so old and new results are
+never mixed. Every config's data keys must agree, so all objectives read one tokenizer and
+one corpus in one order (the same seed, batch and steps).
+"""
+
+import ast
+import dataclasses
+import json
+import os
+
+import ml_collections
+
+from maelm_jax.glue import tasks as glue_tasks
+from maelm_jax.glue.recipe import Recipe
+from maelm_jax.run_config import ConfigError
+
+SPEC_FILE = "spec.json"
+RANDOM_ROW = "random_init"
+# Keys that must be equal across a study's configs: the data, its order and the budget.
+SHARED_KEYS = (
+    "dataset", "data_dir", "vocab_size", "vocab_path", "seq_len", "batch_size",
+    "num_train_steps", "seed", "packing", "eval_holdout_fraction",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    configs: dict[str, ml_collections.ConfigDict]  # name (the file's stem) -> config
+    tasks: tuple[glue_tasks.Task, ...]
+    recipe: Recipe
+    glue_dir: str | None
+    rank_tokens: int
+
+    def spec(self) -> dict:
+        return {
+            "configs": {n: json.loads(c.to_json_best_effort()) for n, c in self.configs.items()},
+            "tasks": [t.name for t in self.tasks],
+            "recipe": dataclasses.asdict(self.recipe),
+            "data": os.path.abspath(self.glue_dir) if self.glue_dir else "tfds",
+            "rank_tokens": self.rank_tokens,
+        }
+
+
+def with_overrides(configs: dict, overrides: dict[str, str]) -> dict:
+    """{name: ConfigDict} with the study-wide `key=value` overrides applied to each, checked
+    to share `SHARED_KEYS`."""
+    if RANDOM_ROW in configs:
+        raise ConfigError(f"--configs: {RANDOM_ROW!r} names the random-init row; rename it")
+    for path, config in configs.items():
+        for key, value in overrides.items():
+            node = config
+            *parents, leaf = key.split(".")
+            for parent in parents:
+                node = node[parent]
+            if leaf not in node:
+                raise ConfigError(f"--overrides {key}: the config {path} has no such key")
+            node[leaf] = _typed(value, node[leaf], key)
+    first_name, first = next(iter(configs.items()))
+    for name, config in configs.items():
+        differ = [k for k in SHARED_KEYS if config.get(k) != first.get(k)]
+        if differ:
+            raise ConfigError(
+                f"--configs: {name} and {first_name} differ in {', '.join(differ)}; a study's "
+                "objectives share one corpus, tokenizer, batch, step count and data order"
+            )
+    return configs
+
+
+def _typed(text: str, current, key: str):
+    """`text` as a Python literal of the key's type (`8`, `0.5`, `True`, `'c4/en'`)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text  # a bare string
+    if current is not None and not isinstance(value, type(current)):
+        if isinstance(current, float) and isinstance(value, int):
+            return float(value)
+        raise ConfigError(
+            f"--overrides {key}={text}: takes a {type(current).__name__} (now {current!r})"
+        )
+    return value
+
+
+def claim(study_dir: str, study: Study) -> None:
+    """Writes spec.json into a new study directory, or checks it against the one there."""
+    path = os.path.join(study_dir, SPEC_FILE)
+    spec = json.loads(json.dumps(study.spec()))  # as it reads back: tuples are lists
+    if os.path.isfile(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old != spec:
+            raise ConfigError(
+                f"--study_dir={study_dir} holds a study with another {_difference(old, spec)}; "
+                "give a new --study_dir (a study's results are never mixed)"
+            )
+        return
+    if os.path.isdir(study_dir) and os.listdir(study_dir):
+        raise ConfigError(
+            f"--study_dir={study_dir} exists, is not empty and holds no {SPEC_FILE}; give a "
+            "new or empty folder"
+        )
+    os.makedirs(study_dir, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(spec, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _difference(old: dict, new: dict) -> str:
+    """The first thing that changed, named: a config (and its first changed key), or a key."""
+    if old.get("configs", {}).keys() != new["configs"].keys():
+        return f"set of configs ({', '.join(old.get('configs', {}))})"
+    for name, config in new["configs"].items():
+        changed = _changed_keys(old["configs"][name], config)
+        if changed:
+            return f"config {name!r} ({', '.join(changed[:3])} changed)"
+    keys = [k for k in new if old.get(k) != new[k]]
+    return " and ".join(f"{k} (was {old.get(k)!r})" for k in keys)
+
+
+def _changed_keys(old, new, prefix="") -> list[str]:
+    out = []
+    for k in sorted(old.keys() | new.keys()):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_keys(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out

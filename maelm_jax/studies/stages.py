@@ -1,0 +1,160 @@
+"""A study's stages, each done once: pretrain -> export -> finetune -> rank per objective,
+and finetune alone for the random-init row.
+
+A finished stage leaves `<row>/<stage>.json` (its measurements, written whole or not at all),
+and is never redone. A stage killed midway is redone from where its own work allows:
+pretraining resumes from its newest checkpoint, the search reuses its finished runs, the
+export appears only once parity holds.
+"""
+
+import json
+import os
+import statistics
+import time
+
+from absl import logging
+
+from maelm_jax import configuration
+from maelm_jax.glue.search import run_search
+from maelm_jax.studies.plan import RANDOM_ROW, Study
+
+
+def _marker(study_dir: str, row: str, stage: str) -> str:
+    return os.path.join(study_dir, row, f"{stage}.json")
+
+
+def _write(path: str, value: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def once(study_dir: str, row: str, stage: str, work) -> dict:
+    """`work()`'s result, computed the first time and read back from the marker after."""
+    path = _marker(study_dir, row, stage)
+    if os.path.isfile(path):
+        with open(path) as f:
+            logging.info("study: %s/%s already done", row, stage)
+            return json.load(f)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    logging.info("study: %s/%s starting", row, stage)
+    start = time.perf_counter()
+    result = {**work(), "seconds": time.perf_counter() - start}
+    _write(path, result)
+    logging.info("study: %s/%s done in %.0f s", row, stage, result["seconds"])
+    return result
+
+
+def _metrics_lines(workdir: str) -> list[dict]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def pretrain(config, workdir: str) -> dict:
+    """The ordinary `main` path (train_and_evaluate), then what the table reports of it."""
+    from maelm_jax.model import flop_count
+    from maelm_jax.training import train
+
+    run = configuration.freeze(config)
+    train.train_and_evaluate(run, workdir)
+    lines = _metrics_lines(workdir)
+    evals = [m["eval/loss"] for m in lines if "eval/loss" in m]
+    rates = [m["tokens_per_sec"] for m in lines if "tokens_per_sec" in m]
+    params = flop_count.num_params(run)
+    return {
+        "objective": run.objective,
+        "decoder": run.model.decoder if run.objective != "mlm" else "none",
+        "num_decoder_layers": run.model.num_decoder_layers if run.objective != "mlm" else 0,
+        "mask_rate": run.masking.mask_rate,
+        "pretraining_params": params,
+        "flops": flop_count.step_flops(run, params) * run.loop.num_train_steps,
+        "tokens": run.loop.num_train_steps * run.batch_size * run.seq_len,
+        "tokens_per_sec": statistics.median(rates[1:] or rates) if rates else None,
+        "final_eval_loss": evals[-1] if evals else None,
+    }
+
+
+def export(workdir: str, out: str) -> dict:
+    from maelm_jax.hf.export import export as export_checkpoint
+
+    if not os.path.isfile(os.path.join(out, "config.json")):  # else: done, marker lost
+        export_checkpoint(workdir, out)
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(out, "model.safetensors"), "np") as f:
+        # the encoder only: an MLM export also carries its LM head, which fine-tuning drops
+        params = sum(_numel(f, k) for k in f.keys() if not k.startswith("lm_head."))  # noqa: SIM118
+    with open(os.path.join(out, "config.json")) as f:
+        hf_class = json.load(f)["architectures"][0]
+    return {"encoder_params": params, "hf_class": hf_class}
+
+
+def _numel(f, key: str) -> int:
+    n = 1
+    for d in f.get_slice(key).get_shape():
+        n *= d
+    return n
+
+
+def finetune(study: Study, export_dir: str, out: str, init: str) -> dict:
+    result = run_search(
+        export_dir, list(study.tasks), study.recipe, out, inits=(init,), glue_dir=study.glue_dir
+    )
+    return {
+        "glue_average": result["glue_score"][init],
+        "tasks": {t["task"]: t for t in result["tasks"]},
+    }
+
+
+def rank(workdir: str, out: str, num_tokens: int) -> dict:
+    from maelm_jax.inspection import representation_rank
+
+    result = representation_rank.run(workdir, out, None, num_tokens, None)
+    no_mask = result["conditions"]["no_mask"]
+    return {
+        "last_layer_entropy_rank": no_mask["entropy"][-1],
+        "last_layer_pca90": no_mask["pca90"][-1],
+    }
+
+
+def run_all(study: Study, study_dir: str) -> dict:
+    """Every row's stages in order, objectives first, the random-init row last."""
+    rows = {}
+    for name, config in study.configs.items():
+        base = os.path.join(study_dir, name)
+        workdir, export_dir = os.path.join(base, "workdir"), os.path.join(base, "export")
+        rows[name] = {
+            "pretrain": once(
+                study_dir, name, "pretrain", lambda c=config, w=workdir: pretrain(c, w)
+            ),
+            "export": once(study_dir, name, "export", lambda w=workdir, e=export_dir: export(w, e)),
+            "finetune": once(
+                study_dir,
+                name,
+                "finetune",
+                lambda e=export_dir, b=base: finetune(
+                    study, e, os.path.join(b, "finetune"), "pretrained"
+                ),
+            ),
+            "rank": once(
+                study_dir,
+                name,
+                "rank",
+                lambda w=workdir, b=base: rank(w, os.path.join(b, "rank"), study.rank_tokens),
+            ),
+        }
+    first = next(iter(study.configs))
+    first_export = os.path.join(study_dir, first, "export")
+    rows[RANDOM_ROW] = {
+        "architecture_of": first,
+        "finetune": once(
+            study_dir,
+            RANDOM_ROW,
+            "finetune",
+            lambda: finetune(
+                study, first_export, os.path.join(study_dir, RANDOM_ROW, "finetune"), "random"
+            ),
+        ),
+    }
+    return rows

@@ -1,0 +1,245 @@
+"""GLUE fine-tuning of real exports in PyTorch (`maelm_jax.finetune`, `maelm_jax/glue/`).
+
+The exports are the session's tiny checkpoints (conftest.py) exported in-process; the GLUE
+data are small files in GLUE's own layout that each test writes, learnable (label 1 iff the
+word TARGET occurs) or not (the same texts with shuffled labels).
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from process_runs import process_env
+from tiny_configs import REPO_ROOT
+from transformers import AutoModel, AutoModelForSequenceClassification
+
+from maelm_jax.glue import classifier, search, tasks
+from maelm_jax.glue.recipe import Recipe
+from maelm_jax.hf import export
+from maelm_jax.run_config import ConfigError
+
+# Toy models run faster on one thread, and the suite's two workers share two cores.
+torch.set_num_threads(1)
+
+NOUNS = ("river", "stone", "garden", "window", "letter", "morning", "harbor", "road")
+TARGET = "lantern"
+RECIPE = Recipe(
+    learning_rates=(1e-3,), batch_sizes=(16,), seeds=(1,), epochs=8.0, max_seq_length=32,
+    dropout=0.0, attention_dropout=0.0,
+)  # fmt: skip
+
+
+def sentences(n: int, seed: int) -> tuple[list[str], list[int]]:
+    """Label 1 iff the sentence opens with TARGET: a signal next to `<s>`, which a 2-layer
+    toy model picks up in a hundred steps."""
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for i in range(n):
+        words = list(rng.choice(NOUNS, rng.integers(3, 7)))
+        if i % 2:
+            words[0] = TARGET
+        texts.append(" ".join(words) + " .")
+        labels.append(i % 2)
+    return texts, labels
+
+
+def write_sst2(root, shuffle_labels=False, n_train=256, n_dev=64):
+    """SST-2 as GLUE ships it: a header, `sentence<TAB>label`, a space before the tab."""
+    (root / "SST-2").mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", n_train, 0), ("dev", n_dev, 1)):
+        texts, labels = sentences(n, seed)
+        if shuffle_labels and split == "train":
+            labels = list(np.random.default_rng(7).permutation(labels))
+        rows = "".join(f"{t} \t{y}\n" for t, y in zip(texts, labels, strict=True))
+        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
+    return root
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_checkpoints, tmp_path_factory):
+    """{kind: export dir}: the MLM run (RobertaForMaskedLM) and MAE-LM with the relative bias
+    (MaelmModel, remote code)."""
+    root = tmp_path_factory.mktemp("finetune_exports")
+    return {
+        kind: export.export(tiny_checkpoints[kind], root / kind).output_dir
+        for kind in ("mlm", "mae_lm")
+    }
+
+
+def test_learns_a_learnable_task_and_not_shuffled_labels(exports, tmp_path):
+    task = [tasks.TASKS["sst2"]]
+    learnable = write_sst2(tmp_path / "glue")
+    shuffled = write_sst2(tmp_path / "glue_shuffled", shuffle_labels=True)
+    good = search.run_search(
+        exports["mae_lm"], task, RECIPE, str(tmp_path / "a"), glue_dir=learnable
+    )
+    bad = search.run_search(exports["mae_lm"], task, RECIPE, str(tmp_path / "b"), glue_dir=shuffled)
+    # dev is balanced: the majority class scores 50
+    assert good["tasks"][0]["median"] >= 90, good["tasks"][0]
+    assert bad["tasks"][0]["median"] <= 70, bad["tasks"][0]
+    assert set(os.listdir(tmp_path / "a")) == {"spec.json", "runs", "results.json"}
+
+
+@pytest.mark.parametrize("kind", ["mlm", "mae_lm"])
+def test_classifier_has_the_exported_encoder_and_survives_save_reload(exports, kind, tmp_path):
+    export_dir = exports[kind]
+    remote = classifier.needs_remote_code(export_dir)
+    assert remote == (kind == "mae_lm")
+    ids = torch.tensor([[0, 10, 11, 12, 13, 2], [0, 14, 15, 2, 1, 1]])
+    mask = ids != 1
+    torch.manual_seed(0)
+    model = classifier.classifier(export_dir, 3, "pretrained", 0.1, 0.1).eval()
+    encoder = AutoModel.from_pretrained(export_dir, trust_remote_code=remote).eval()
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    valid = mask.numpy()
+    np.testing.assert_allclose(hidden.numpy()[valid], want.numpy()[valid], atol=1e-5)
+    assert logits.shape == (2, 3)
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "saved", trust_remote_code=remote
+    ).eval()
+    with torch.no_grad():
+        reloaded = again(input_ids=ids, attention_mask=mask).logits
+    np.testing.assert_allclose(reloaded.numpy(), logits.numpy(), atol=1e-6)
+    # The tokenizer: the export's own ids, also through the plain class (no remote code).
+    from transformers import PreTrainedTokenizerFast
+
+    pair = ("the river .", "a lantern !")
+    want_ids = PreTrainedTokenizerFast.from_pretrained(export_dir)(*pair)["input_ids"]
+    assert classifier.tokenizer(export_dir)(*pair)["input_ids"] == want_ids
+    assert want_ids[0] == 0 and want_ids.count(2) == 3  # <s> A </s></s> B </s>
+    # The control row: the same architecture with none of the export's weights.
+    torch.manual_seed(0)
+    fresh = classifier.classifier(export_dir, 3, "random", 0.1, 0.1).eval()
+    assert type(fresh) is type(model)
+    with torch.no_grad():
+        fresh_hidden = fresh.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert np.abs(fresh_hidden.numpy() - want.numpy())[valid].mean() > 0.1
+
+
+def test_dropout_is_the_recipes_not_the_exports(exports):
+    with open(os.path.join(exports["mlm"], "config.json")) as f:
+        assert json.load(f)["hidden_dropout_prob"] != 0.3
+    model = classifier.classifier(exports["mlm"], 2, "pretrained", 0.3, 0.2)
+    assert model.config.hidden_dropout_prob == 0.3
+    assert model.config.attention_probs_dropout_prob == 0.2
+
+
+def test_a_killed_search_resumes_run_by_run_and_refuses_another_spec(exports, tmp_path):
+    glue = write_sst2(tmp_path / "glue", n_train=64, n_dev=32)
+    recipe = dataclasses.replace(RECIPE, seeds=(1, 2), epochs=2.0)
+    task = [tasks.TASKS["sst2"]]
+    out = tmp_path / "out"
+    first = search.run_search(exports["mlm"], task, recipe, str(out), glue_dir=glue)
+    runs = sorted((out / "runs").iterdir())
+    assert len(runs) == 2
+    # As if killed after the first run: the second run's record and the results are gone.
+    kept = runs[0].stat().st_mtime_ns
+    runs[1].unlink()
+    (out / "results.json").unlink()
+    again = search.run_search(exports["mlm"], task, recipe, str(out), glue_dir=glue)
+    assert runs[0].stat().st_mtime_ns == kept  # reused, not rerun
+    assert again["tasks"][0]["scores"] == first["tasks"][0]["scores"]  # the rerun is exact
+    with pytest.raises(ConfigError, match="recipe"):
+        search.run_search(
+            exports["mlm"], task, dataclasses.replace(recipe, learning_rates=(5e-4,)), str(out),
+            glue_dir=glue,
+        )  # fmt: skip
+
+
+def test_regression_task_gets_a_one_output_head_and_correlations(exports, tmp_path):
+    """STS-B in its 10-column layout, scored 5 when the first sentence opens with TARGET."""
+    (tmp_path / "STS-B").mkdir()
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    )
+    for split, n, seed in (("train", 128, 0), ("dev", 48, 1)):
+        texts, _ = sentences(2 * n, seed)
+        rows = []
+        for i in range(n):
+            a, b = texts[2 * i + i % 2], texts[2 * i + 1 - i % 2]  # half of them open with it
+            score = 5.0 * a.startswith(TARGET)
+            rows.append(f"{i}\tmain\tx\t2012\t{i:04d}\tnone\tnone\t{a}\t{b}\t{score:.3f}\n")
+        (tmp_path / "STS-B" / f"{split}.tsv").write_text(header + "".join(rows))
+    recipe = dataclasses.replace(RECIPE, epochs=20.0, learning_rates=(3e-3,))
+    result = search.run_search(
+        exports["mae_lm"], [tasks.TASKS["stsb"]], recipe, str(tmp_path / "out"), glue_dir=tmp_path
+    )
+    row = result["tasks"][0]
+    assert set(row["metric_medians"]["dev"]) == {"pearson", "spearman"}
+    assert row["median"] > 50, row
+
+
+def _finetune(*args, timeout=240):
+    return subprocess.run(
+        [sys.executable, "-m", "maelm_jax.finetune", *args],
+        cwd=REPO_ROOT,
+        env={**process_env(1), "OMP_NUM_THREADS": "1"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_command_exports_a_workdir_and_prints_the_table(tiny_checkpoints, tmp_path):
+    glue = write_sst2(tmp_path / "glue", n_train=64, n_dev=32)
+    out = tmp_path / "out"
+    done = _finetune(
+        f"--workdir={tiny_checkpoints['mlm']}", f"--output_dir={out}", "--tasks=sst2",
+        f"--glue_dir={glue}", "--quick", "--max_steps=8", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["tasks"][0]["task"] == "sst2" and len(result["tasks"][0]["scores"]) == 1
+    exported = [n for n in os.listdir(out) if n.startswith("export-step")]
+    assert exported == ["export-step3"]
+    assert result["export"]["path"] == str(out / "export-step3")
+    assert "ETA" in done.stderr  # progress
+
+
+@pytest.mark.parametrize(
+    ("case", "expect"),
+    [
+        ("unknown_task", "unknown GLUE task 'wnli'"),
+        ("not_an_export", "not a HuggingFace export"),
+        ("no_checkpoint", "has no checkpoints/ directory"),
+        ("missing_file", "SST-2/dev.tsv"),
+        ("bad_label", "'positive'"),
+        ("wrong_columns", "line 3"),
+    ],
+)
+def test_bad_input_is_one_line_and_leaves_nothing_to_trust(exports, case, expect, tmp_path):
+    glue = write_sst2(tmp_path / "glue", n_train=16, n_dev=8)
+    args = [f"--export={exports['mlm']}", "--tasks=sst2", f"--glue_dir={glue}"]
+    if case == "unknown_task":
+        args[1] = "--tasks=sst2,wnli"
+    elif case == "not_an_export":
+        args[0] = f"--export={tmp_path}"
+    elif case == "no_checkpoint":
+        args[0] = f"--workdir={tmp_path / 'glue'}"
+    elif case == "missing_file":
+        (glue / "SST-2" / "dev.tsv").unlink()
+    elif case == "bad_label":
+        path = glue / "SST-2" / "train.tsv"
+        path.write_text(path.read_text().replace("\t1\n", "\tpositive\n", 1))
+    elif case == "wrong_columns":
+        path = glue / "SST-2" / "dev.tsv"
+        lines = path.read_text().splitlines(keepends=True)
+        lines[2] = lines[2].replace("\t", " ")
+        path.write_text("".join(lines))
+    out = tmp_path / "out"
+    done = _finetune(*args, f"--output_dir={out}", timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("maelm_jax.finetune: error:") and expect in last, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert not out.exists() or not {"spec.json", "results.json"} & set(os.listdir(out))

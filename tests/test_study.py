@@ -1,0 +1,103 @@
+"""`python -m maelm_jax.study` on a micro budget: two objectives and the random-init row
+through every stage, killed after its first stage and finished by a rerun that redoes
+nothing finished, then refused when the config changes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from process_runs import process_env
+from test_finetune import write_sst2
+from text_corpora import sample_document, write_corpus
+from tiny_configs import REPO_ROOT
+
+CONFIG = """from configs import default
+
+
+def get_config():
+    c = default.get_config()
+    c.objective = {objective!r}
+    c.mask_rate = 0.25
+    c.dataset = {dataset!r}
+    c.vocab_size, c.tokenizer_train_documents, c.eval_holdout_fraction = 300, 1000, 0.1
+    c.seq_len, c.batch_size, c.num_train_steps, c.warmup_steps = 32, 8, 6, 1
+    c.eval_every_steps, c.eval_batches, c.log_every_steps, c.checkpoint_every_steps = 6, 1, 3, 6
+    m = c.model
+    m.num_layers, m.hidden_size, m.num_heads, m.mlp_dim, m.max_positions = 2, 32, 4, 64, 32
+    m.relative_attention_buckets, m.relative_attention_max_distance = 16, 32
+    m.decoder_relative_attention = {objective!r} != "mlm"
+    return c
+"""
+
+
+def _study(args, wait=True):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maelm_jax.study", *args],
+        cwd=REPO_ROOT,
+        env={**process_env(1), "OMP_NUM_THREADS": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if not wait:
+        return proc
+    out, err = proc.communicate(timeout=600)
+    return proc.returncode, out, err
+
+
+def test_study_runs_every_stage_resumes_after_a_kill_and_refuses_a_changed_config(tmp_path):
+    dataset = write_corpus(tmp_path / "corpus", [sample_document(i) for i in range(240)])
+    configs = []
+    for name in ("mlm", "mae_lm"):
+        path = tmp_path / f"{name}.py"
+        path.write_text(CONFIG.format(objective=name, dataset=dataset))
+        configs.append(str(path))
+    glue = write_sst2(tmp_path / "glue", n_train=48, n_dev=16)
+    study_dir = tmp_path / "study"
+    args = [
+        f"--study_dir={study_dir}", f"--configs={','.join(configs)}", "--tasks=sst2",
+        f"--glue_dir={glue}", "--seeds=1,2", "--max_steps=4", "--rank_tokens=64",
+    ]  # fmt: skip
+
+    proc = _study(args, wait=False)
+    first = study_dir / "mlm" / "pretrain.json"
+    deadline = time.monotonic() + 400
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert first.exists(), "the first stage never finished"
+    stamp = first.stat().st_mtime_ns
+    assert not (study_dir / "results.json").exists()
+
+    rc, out, err = _study(args)
+    assert rc == 0, err[-3000:]
+    assert first.stat().st_mtime_ns == stamp  # done once, not redone
+    assert "mlm/pretrain already done" in err
+    for row in ("mlm", "mae_lm"):
+        for stage in ("pretrain", "export", "finetune", "rank"):
+            assert (study_dir / row / f"{stage}.json").is_file(), (row, stage)
+    with open(study_dir / "results.json") as f:
+        results = json.load(f)
+    table = {r["row"]: r for r in results["table"]}
+    assert list(table) == ["mlm", "mae_lm", "random_init"]
+    assert table["random_init"]["pretraining FLOPs"] == 0
+    # MAE-LM's encoder runs on 75% of the tokens, plus a decoder and the same head
+    assert 0 < table["mae_lm"]["pretraining FLOPs"] != table["mlm"]["pretraining FLOPs"]
+    for r in table.values():
+        assert 0 <= r["sst2"] <= 100 and r["GLUE avg"] == r["sst2"]
+    assert table["mlm"]["params (encoder)"] == table["mae_lm"]["params (encoder)"]
+    assert table["mlm"]["last-layer rank"] > 1
+    assert "| random_init |" in out and (study_dir / "study.png").stat().st_size > 0
+    results_stamp = (study_dir / "results.json").stat().st_mtime_ns
+
+    rc, _, err = _study([*args, "--overrides=num_train_steps=7"])
+    assert rc != 0
+    last = err.strip().splitlines()[-1]
+    assert "another config 'mlm' (num_train_steps changed)" in last, last
+    assert (study_dir / "results.json").stat().st_mtime_ns == results_stamp
+    assert os.listdir(study_dir / "mlm" / "workdir" / "checkpoints") == ["6"]
