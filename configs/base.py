@@ -89,10 +89,6 @@ def get_config() -> ml_collections.ConfigDict:
     # uniform). >0: bucket b starts at -slope * (b's nearest distance), an ALiBi-like prior
     # toward nearby tokens that short runs need to leave the unigram plateau (configs/default.py).
     c.model.relative_attention_init_slope = 0.0
-    # With a slope: "same" starts every head at it; "geometric" is ALiBi's spread, head h at
-    # slope * 2^(-8h / heads), so one head starts local and the last nearly uniform (a
-    # classifier on <s> must see the whole row: docs/results.md, "The demo's GLUE").
-    c.model.relative_attention_init_slopes = "same"
     # The decoder's own relative bias (same buckets, shared by the decoder's layers). Official
     # MAE-LM has none; the decoder is dropped after pretraining, so this never reaches export.
     c.model.decoder_relative_attention = False

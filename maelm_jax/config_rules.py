@@ -117,7 +117,6 @@ RULES: dict[str, Rule] = {
     "model.relative_attention_buckets": at_least(0),
     "model.relative_attention_max_distance": at_least(1),
     "model.relative_attention_init_slope": at_least(0.0, integer=False),
-    "model.relative_attention_init_slopes": one_of(("same", "geometric")),
     "model.decoder_relative_attention": one_of((False, True)),
     "model.dtype": one_of(tuple(DTYPES)),
     "model.remat_policy": one_of(REMAT_POLICIES),

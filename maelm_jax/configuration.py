@@ -182,7 +182,6 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             relative_attention_buckets=m.relative_attention_buckets,
             relative_attention_max_distance=m.relative_attention_max_distance,
             relative_attention_init_slope=m.relative_attention_init_slope,
-            relative_attention_init_slopes=m.relative_attention_init_slopes,
             decoder_relative_attention=m.decoder_relative_attention,
             dtype=DTYPES[m.dtype],
             scan_layers=m.scan_layers,

@@ -86,7 +86,6 @@ class ModelConfig:
     relative_attention_buckets: int
     relative_attention_max_distance: int
     relative_attention_init_slope: float
-    relative_attention_init_slopes: str  # "same" | "geometric" (ALiBi's per-head slopes)
     decoder_relative_attention: bool
     dtype: Any
     scan_layers: bool

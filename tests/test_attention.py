@@ -121,31 +121,6 @@ def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distanc
     assert 0 < np.abs(values).max() < 0.2 and np.unique(values).size == values.size
 
 
-def test_geometric_init_spreads_the_heads_from_local_to_nearly_uniform():
-    """relative_attention_init_slopes="geometric": head h starts at slope * 2^(-8h/N) times
-    the same per-bucket distances, so head 0 is the "same" init's and the last head sees a
-    row's far end at a small fraction of the first head's penalty."""
-    kwargs = {
-        "relative_attention_buckets": 16,
-        "relative_attention_max_distance": 24,
-        "relative_attention_init_slope": 1.0,
-    }
-    positions = jnp.arange(32)[None]
-
-    def table(slopes):
-        cfg = frozen(tiny_config(relative_attention_init_slopes=slopes, **kwargs))[0]
-        params = RelativePositionBias(cfg).init(jax.random.PRNGKey(0), positions, positions)
-        return np.asarray(nn.unbox(params)["params"]["embedding"])  # [buckets, N]
-
-    same, geometric = table("same"), table("geometric")
-    heads = same.shape[1]
-    np.testing.assert_allclose(geometric[:, 0], same[:, 0])
-    ratios = geometric[:, 1:] / np.where(geometric[:, :-1] == 0, 1, geometric[:, :-1])
-    far = same[:, 0] != 0
-    np.testing.assert_allclose(ratios[far], 2.0 ** (-8 / heads), rtol=1e-6)
-    assert geometric.min(axis=0)[-1] > same.min() / 50
-
-
 def random_attention_inputs(keys: int):
     """q [2, 7, 3, 4], k and v [2, keys, 3, 4] and a 16-bucket table for 3 heads."""
     rngs = jax.random.split(jax.random.PRNGKey(0), 4)

@@ -229,22 +229,9 @@ def bucket_distances(num_buckets: int, max_distance: int, max_positions: int):
     return np.where(np.isfinite(nearest), nearest, 0.0).astype(np.float32)
 
 
-def head_slopes(config: ModelConfig, slopes: str = "") -> np.ndarray:
-    """[N] float32: every head's starting slope. "geometric" is ALiBi's spread, 2^(-8h/N)
-    times the steepest: with one slope for all, every head starts local, and an encoder
-    whose far buckets start near -90 still has them there after a short run, so its `<s>`
-    sees only the first words of a row (docs/results.md, "The demo's GLUE")."""
-    n = config.num_heads
-    if (slopes or config.relative_attention_init_slopes) == "geometric":
-        spread = 2.0 ** (-8.0 * np.arange(n) / n)
-    else:
-        spread = np.ones(n)
-    return (config.relative_attention_init_slope * spread).astype(np.float32)
-
-
-def relative_bias_init(config: ModelConfig, slopes: str = ""):
+def relative_bias_init(config: ModelConfig):
     """normal(init_std), as official MAE-LM, or with `relative_attention_init_slope` > 0 a
-    table that starts at -slope * distance (ALiBi's prior, then learned; `head_slopes`).
+    table that starts at -slope * distance in every head (ALiBi's prior, then learned).
 
     Why the prior exists: with a table near zero, attention starts uniform, and a position-
     selective pattern has to emerge from learned absolute positions before any neighbour's
@@ -261,7 +248,7 @@ def relative_bias_init(config: ModelConfig, slopes: str = ""):
         config.relative_attention_max_distance,
         config.max_positions,
     )
-    start = -distances[:, None] * head_slopes(config, slopes)[None, :]
+    start = -config.relative_attention_init_slope * distances[:, None]
 
     def init(key, shape, dtype=jnp.float32):
         del key
@@ -279,9 +266,6 @@ class RelativePositionBias(nn.Module):
     """
 
     config: ModelConfig
-    # The heads' starting slopes; "" = `relative_attention_init_slopes`. The decoders pass
-    # "same": their bias is what leaves the unigram plateau, and it never reaches export.
-    slopes: str = ""
 
     @nn.compact
     def __call__(self, query_positions, key_positions) -> RelativeBias:
@@ -289,7 +273,7 @@ class RelativePositionBias(nn.Module):
         cfg = self.config
         table = self.param(
             "embedding",
-            ax.param(relative_bias_init(cfg, self.slopes), ("relpos_buckets", "heads")),
+            ax.param(relative_bias_init(cfg), ("relpos_buckets", "heads")),
             (cfg.relative_attention_buckets, cfg.num_heads),
             jnp.float32,
         )
