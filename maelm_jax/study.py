@@ -34,11 +34,11 @@ def define_flags() -> None:
     flags.DEFINE_string("tasks", STUDY_TASKS, "GLUE tasks, comma-separated.")
     flags.DEFINE_string("glue_dir", None, "GLUE's download (CoLA/train.tsv, ...); else TFDS.")
     flags.DEFINE_list("seeds", ["1", "2", "3"], "Fine-tuning seeds (the median is reported).")
-    flags.DEFINE_list("learning_rates", ["1e-4"], "Fine-tuning learning rates.")
+    flags.DEFINE_list("learning_rates", ["3e-4"], "Fine-tuning learning rates.")
     flags.DEFINE_list("batch_sizes", ["32"], "Fine-tuning batch sizes.")
     flags.DEFINE_float("epochs", 3.0, "Fine-tuning epochs.")
-    flags.DEFINE_integer("max_steps", 250, "Cap on each fine-tuning run's steps (0: none).")
-    flags.DEFINE_integer("max_seq_length", 128, "Fine-tuning tokens per row.")
+    flags.DEFINE_integer("max_steps", 150, "Cap on each fine-tuning run's steps (0: none).")
+    flags.DEFINE_integer("max_seq_length", 64, "Fine-tuning tokens per row.")
     flags.DEFINE_integer("rank_tokens", 4096, "Tokens for the effective rank.")
     flags.DEFINE_bool("json", False, "Print results.json's table instead of the markdown.")
 
@@ -84,10 +84,9 @@ def main(argv):
         glue_dir=FLAGS.glue_dir,
         rank_tokens=FLAGS.rank_tokens,
     )
-    if FLAGS.glue_dir:  # bad data is refused before an hour of pretraining
-        from maelm_jax.glue.search import load_data
+    from maelm_jax.glue.search import load_data
 
-        load_data(study.tasks, FLAGS.glue_dir, None)
+    load_data(study.tasks, FLAGS.glue_dir, None)  # bad or missing data: refused before pretraining
     plan.claim(FLAGS.study_dir, study)
     from maelm_jax.studies import report, stages
 
