@@ -32,5 +32,6 @@ def table(result: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for init, score in result["glue_score"].items():
-        lines.append(f"GLUE average ({init}, {len(result['tasks'])} rows' medians): {score:.1f}")
+        tasks = sum(t["init"] == init for t in result["tasks"])
+        lines.append(f"GLUE average ({init}, the median of each of {tasks} task(s)): {score:.1f}")
     return "\n".join(lines)
