@@ -92,6 +92,8 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     import jax
 
+    cli.quiet_library_logs()  # Orbax narrates every step at INFO
+
     jax.config.update("jax_platforms", "cpu")  # the export's parity check runs on the host
     task_list = tasks.resolve(FLAGS.tasks)
     chosen = chosen_recipe()

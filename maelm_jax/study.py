@@ -58,6 +58,8 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     from maelm_jax.studies import plan
 
+    cli.quiet_library_logs()  # Orbax narrates every step at INFO
+
     try:
         finetune_recipe = recipe.Recipe(
             learning_rates=tuple(float(v) for v in FLAGS.learning_rates),
