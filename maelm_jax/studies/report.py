@@ -90,7 +90,7 @@ def plot(table: list[dict], path: str) -> None:
         ax.annotate(r["row"], (r["pretraining FLOPs"], r["GLUE avg"]), fontsize=8)
     ax.set_xlabel("pretraining FLOPs (analytic)")
     ax.set_ylabel("GLUE average (dev, median over seeds)")
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
