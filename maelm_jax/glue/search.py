@@ -103,7 +103,6 @@ class Progress:
     def __init__(self, total_steps: int, every_s: float = 10.0):
         self.total, self.done, self.every_s = total_steps, 0, every_s
         self.start = self.last = time.perf_counter()
-        self.run_start_done = 0
 
     def skip(self, steps: int) -> None:
         self.total -= steps
