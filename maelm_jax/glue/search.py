@@ -63,7 +63,7 @@ def export_identity(export_dir: str) -> dict:
     }
 
 
-def _write_json(path: str, value) -> None:
+def write_json(path: str, value) -> None:
     """Whole or not at all: a killed write leaves no file a later run would trust."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
@@ -93,7 +93,7 @@ def claim_output_dir(output_dir: str, spec: dict) -> None:
             "new or empty folder"
         )
     os.makedirs(os.path.join(output_dir, "runs"), exist_ok=True)
-    _write_json(path, spec)
+    write_json(path, spec)
 
 
 class Progress:
@@ -232,7 +232,7 @@ def run_search(
                     factory, task, enc_train, enc_dev, run, tok.pad_token_id, device,
                     on_step=lambda s, n, loss, name=run.name: progress.step(name, s, n, loss),
                 )  # fmt: skip
-                _write_json(path, dataclasses.asdict(done))
+                write_json(path, dataclasses.asdict(done))
                 logging.info("%s: score %.2f (%.0f s)", run.name, done.score, done.seconds)
             else:
                 progress.skip(done.steps)
@@ -248,5 +248,5 @@ def run_search(
             for init in inits
         },
     }
-    _write_json(os.path.join(output_dir, RESULTS_FILE), result)
+    write_json(os.path.join(output_dir, RESULTS_FILE), result)
     return result

@@ -15,6 +15,7 @@ import ml_collections
 
 from maelm_jax.glue import tasks as glue_tasks
 from maelm_jax.glue.recipe import Recipe
+from maelm_jax.glue.search import write_json
 from maelm_jax.run_config import ConfigError
 
 SPEC_FILE = "spec.json"
@@ -103,10 +104,7 @@ def claim(study_dir: str, study: Study) -> None:
             "new or empty folder"
         )
     os.makedirs(study_dir, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(spec, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(path, spec)
 
 
 def _difference(old: dict, new: dict) -> str:

@@ -2,9 +2,9 @@
 GLUE average against pretraining FLOPs, the random-init row as the floor pretraining must
 clear."""
 
-import json
 import os
 
+from maelm_jax.glue.search import write_json
 from maelm_jax.studies.plan import RANDOM_ROW
 
 
@@ -108,9 +108,6 @@ def write(study_dir: str, results: dict, task_names: list[str]) -> tuple[list[di
     text = markdown(table, spread)
     with open(os.path.join(study_dir, "study.md"), "w") as f:
         f.write(text + "\n")
-    tmp = os.path.join(study_dir, f"results.json.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump({"rows": results, "table": table}, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(study_dir, "results.json"))
+    write_json(os.path.join(study_dir, "results.json"), {"rows": results, "table": table})
     plot(table, os.path.join(study_dir, "study.png"))
     return table, text

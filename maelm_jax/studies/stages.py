@@ -15,19 +15,12 @@ import time
 from absl import logging
 
 from maelm_jax import configuration
-from maelm_jax.glue.search import run_search
+from maelm_jax.glue.search import run_search, write_json
 from maelm_jax.studies.plan import RANDOM_ROW, Study
 
 
 def _marker(study_dir: str, row: str, stage: str) -> str:
     return os.path.join(study_dir, row, f"{stage}.json")
-
-
-def _write(path: str, value: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def once(study_dir: str, row: str, stage: str, work) -> dict:
@@ -41,7 +34,7 @@ def once(study_dir: str, row: str, stage: str, work) -> dict:
     logging.info("study: %s/%s starting", row, stage)
     start = time.perf_counter()
     result = {**work(), "seconds": time.perf_counter() - start}
-    _write(path, result)
+    write_json(path, result)
     logging.info("study: %s/%s done in %.0f s", row, stage, result["seconds"])
     return result
 
