@@ -92,6 +92,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The decoder's own relative bias (same buckets, shared by the decoder's layers). Official
     # MAE-LM has none; the decoder is dropped after pretraining, so this never reaches export.
     c.model.decoder_relative_attention = False
+    # Where the decoder's own bias table starts, as `relative_attention_init_slope` does the
+    # encoder's: the local prior a short run needs to leave the plateau, never exported.
+    c.model.decoder_relative_attention_init_slope = 0.0
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True
     # Layers per iteration of the scanned stack's loop (the parameters stay stacked either

@@ -41,6 +41,7 @@ def get_config():
     c.model.relative_attention_max_distance = 128
     c.model.relative_attention_init_slope = 1.0
     c.model.decoder_relative_attention = True
+    c.model.decoder_relative_attention_init_slope = 1.0
     c.model.dropout_rate = 0.0
     c.model.attention_dropout_rate = 0.0
     c.model.dtype = "float32"

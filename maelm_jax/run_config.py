@@ -87,6 +87,7 @@ class ModelConfig:
     relative_attention_max_distance: int
     relative_attention_init_slope: float
     decoder_relative_attention: bool
+    decoder_relative_attention_init_slope: float
     dtype: Any
     scan_layers: bool
     remat_policy: str

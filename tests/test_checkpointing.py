@@ -568,8 +568,9 @@ def test_a_failed_background_save_stops_the_run_with_one_line_and_keeps_the_last
 ):
     """A file-size limit (`ulimit -f`) makes Orbax's background writes fail with EFBIG, as
     a full disk would (chmod cannot: the tests run as root). A run resumed from step 16
-    must stop at its next save with the error as its last line, print no traceback (Orbax
-    logs one per failed thread), and leave checkpoint 16 as it was."""
+    must stop by its next save (how many steps the failure takes to surface depends on the
+    machine's load) with the error as its last line, print no traceback (Orbax logs one per
+    failed thread), write no later checkpoint, and leave checkpoint 16 as it was."""
     workdir = copy_workdir(baseline[0], tmp_path / "run", keep_steps=[STEPS - 2 * EVERY])
     kept = rh.checksums(rh.step_dirs(workdir)[STEPS - 2 * EVERY])
     limit = ["bash", "-c", f'ulimit -f {_FILE_SIZE_LIMIT // 1024} && exec "$0" "$@"']
@@ -585,7 +586,7 @@ def test_a_failed_background_save_stops_the_run_with_one_line_and_keeps_the_last
     assert "Task exception was never retrieved" not in output
     assert rh.good_steps(workdir) == [STEPS - 2 * EVERY]
     assert rh.checksums(rh.step_dirs(workdir)[STEPS - 2 * EVERY]) == kept
-    assert STEPS - 2 * EVERY < max(rh.losses(workdir)) < STEPS
+    assert STEPS - 2 * EVERY < max(rh.losses(workdir)) <= STEPS
 
 
 def test_orbax_errors_are_logged_as_one_line_and_others_keep_their_traceback(

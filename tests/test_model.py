@@ -550,9 +550,10 @@ def test_attention_dropout_is_active_in_training_and_off_in_eval():
 
 @pytest.mark.parametrize("decoder", ["self", "cross"])
 def test_local_relative_init_makes_a_slot_read_its_neighbours_first(decoder):
-    """With relative_attention_init_slope > 0 and the decoder's own bias, an untrained
-    decoder's [MASK] slot already depends far more on the token next to it than on a distant
-    one; with the official init both pull about equally (attention starts uniform)."""
+    """With the local prior on the decoder's own bias only (the default's choice: the encoder
+    starts at the official init), an untrained decoder's [MASK] slot already depends far
+    more on the token next to it than on a distant one; with the official init both pull
+    about equally (attention starts uniform)."""
     base = dict(relative_attention_buckets=16, relative_attention_max_distance=32)
     base.update(dropout_rate=0.0, attention_dropout_rate=0.0)
     ratios = {}
@@ -560,8 +561,8 @@ def test_local_relative_init_makes_a_slot_read_its_neighbours_first(decoder):
         model, params, batch = build(
             "mae_lm",
             decoder,
-            relative_attention_init_slope=slope,
             decoder_relative_attention=slope > 0,
+            decoder_relative_attention_init_slope=slope,
             **base,
         )
         masked = np.asarray(batch.masked_idx)

@@ -41,6 +41,7 @@ REPRESENTED_FIELDS = {
     "decoder_dropout_rate",
     "decoder_attention_dropout_rate",
     "decoder_relative_attention",
+    "decoder_relative_attention_init_slope",
     "mask_token_source",
     "dtype",
     "scan_layers",

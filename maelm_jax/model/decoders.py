@@ -83,7 +83,9 @@ class SelfDecoder(nn.Module):
         x = nn.Dropout(cfg.decoder_dropout_rate, deterministic=deterministic)(x)
         bias = None
         if cfg.decoder_relative_attention:  # every row has the same positions: [1, N, L, L]
-            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
+            bias = RelativePositionBias(
+                cfg, cfg.decoder_relative_attention_init_slope, name="relative_bias"
+            )(positions, positions)
         bias = stack_bias_of(cfg, bias)
         x = apply_layers(
             EncoderBlock,
@@ -123,7 +125,9 @@ class CrossDecoder(nn.Module):
         cfg = self.config
         self_bias = cross_bias = None
         if cfg.decoder_relative_attention:  # one table for both attentions
-            relative_bias = RelativePositionBias(cfg, name="relative_bias")
+            relative_bias = RelativePositionBias(
+                cfg, cfg.decoder_relative_attention_init_slope, name="relative_bias"
+            )
             self_bias = stack_bias_of(cfg, relative_bias(masked_idx, masked_idx))
             cross_bias = stack_bias_of(cfg, relative_bias(masked_idx, visible_idx))
         batch, k = masked_idx.shape

@@ -145,7 +145,9 @@ class Encoder(nn.Module):
         x = ax.constrain(x, ax.HIDDEN)
         bias = None
         if cfg.relative_attention_buckets:
-            bias = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
+            bias = RelativePositionBias(
+                cfg, cfg.relative_attention_init_slope, name="relative_bias"
+            )(positions, positions)
         bias = stack_bias_of(cfg, bias)
         return apply_layers(
             EncoderBlock,
