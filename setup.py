@@ -11,7 +11,7 @@ setup(
     long_description=(pathlib.Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["maelm_jax", "maelm_jax.*", "configs"]),
+    packages=find_packages(include=["maelm_jax", "maelm_jax.*", "configs", "configs.*"]),
     # jax 0.11 needs Python 3.12 and ran the step unchanged on an H200 (docs/results.md):
     # Python 3.12 gets it, 3.11 (CI) the last release it can install, 0.10.2.
     install_requires=[
@@ -33,12 +33,13 @@ setup(
         "gpu": ["jax[cuda13]>=0.10.2,<0.12"],
         # Cloud TPU VMs; also lets `python -m maelm_jax.compile` target TPUs from a CPU host.
         "tpu": ["jax[tpu]>=0.10.2,<0.12"],
-        # Checkpoint export to HuggingFace (`python -m maelm_jax.export`). On CPU-only
-        # machines install the CPU wheel first (pip install torch==2.13.0 --index-url
-        # https://download.pytorch.org/whl/cpu): a bare torch requirement pulls CUDA wheels.
+        # Checkpoint export to HuggingFace (`python -m maelm_jax.export`). Ranges, so an
+        # environment's own torch and transformers stay (tested on torch 2.13; 2.14 and 2.15
+        # resolve). On CPU-only machines install the CPU wheel first (pip install torch
+        # --index-url https://download.pytorch.org/whl/cpu): a bare torch pulls CUDA wheels.
         # sentence-transformers loads an encoder export as is (mean pooling).
         "torch": [
-            "torch==2.13.0",
+            "torch>=2.13,<3",
             "transformers>=5.0,<6",
             "safetensors>=0.4",
             "tokenizers>=0.22",
@@ -52,7 +53,7 @@ setup(
         # `python -m maelm_jax.finetune` (GLUE on an export, in PyTorch) and
         # `python -m maelm_jax.study` (pretrain -> export -> GLUE for each objective).
         "glue": [
-            "torch==2.13.0",
+            "torch>=2.13,<3",
             "transformers>=5.0,<6",
             "safetensors>=0.4",
             "tokenizers>=0.22",
@@ -68,6 +69,8 @@ setup(
             "pytest-xdist>=3.5",
             "ruff>=0.6",
             "jax[tpu]>=0.10.2,<0.12",
+            # Pinned for CI only: this CI machine has a local CPU wheel of exactly 2.13.0,
+            # and any other version pulls gigabytes of CUDA packages there.
             "torch==2.13.0",
             "transformers>=5.0,<6",
             "safetensors>=0.4",

@@ -16,6 +16,7 @@ def get_config():
     c.model.relative_attention_buckets = 0
     c.model.relative_attention_init_slope = 0.0
     c.model.decoder_relative_attention = False
+    c.model.decoder_relative_attention_init_slope = 0.0
     c.model.mlp_dim = 384  # GeGLU: two input matrices, so ~ the MLP parameters of 512
     c.model.local_attention = 32
     c.model.global_attention_every_n_layers = 3

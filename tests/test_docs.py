@@ -23,7 +23,9 @@ jax's `--jax_*` flags.
 """
 
 import ast
+import fnmatch
 import functools
+import importlib
 import itertools
 import pathlib
 import re
@@ -230,3 +232,77 @@ def test_only_commands_define_flags():
         if re.search(r"\bflags\.DEFINE|config_flags\.DEFINE", path.read_text())
     )
     assert definers == []
+
+
+# --- docs/export.md's table against the exporter -------------------------------------------
+
+EXPORT_TABLE = "| configs (`configs/*.py`) | relative bias | exported as | heads |"
+
+
+@functools.cache
+def exported(name: str) -> tuple[str, str]:
+    """(class, "on"/"off") that `export` gives a run of configs/<name>.py: the exporter's
+    own choice of class, from the frozen config as training builds it."""
+    from maelm_jax import configuration
+    from maelm_jax.hf.convert import uses_relative_bias
+    from maelm_jax.hf.export import exported_class
+
+    config = importlib.import_module("configs." + name.replace("/", ".")).get_config()
+    model = configuration.freeze(config).model
+    bias = not model.modern and uses_relative_bias(model)
+    return exported_class(config.objective, model), "on" if bias else "off"
+
+
+def config_names() -> list[str]:
+    """Every config file with a get_config(), as "default" or "study/mlm"."""
+    files = sorted((ROOT / "configs").rglob("*.py"))
+    return [
+        str(f.relative_to(ROOT / "configs").with_suffix(""))
+        for f in files
+        if "def get_config" in f.read_text()
+    ]
+
+
+def export_table_problems(text: str) -> list[str]:
+    lines = text[text.index(EXPORT_TABLE) :].splitlines()[2:]
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines))
+    names, claimed, problems = config_names(), {}, []
+    for row in rows:
+        configs, bias, exported_as = (c.strip() for c in row.strip("|").split("|")[:3])
+        patterns = [p for span in CODE_SPAN.findall(configs) for p in expand_braces(span)]
+        matched = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+        if not matched:
+            problems.append(f"export.md: row {configs!r} names no config file")
+        said = (CODE_SPAN.findall(exported_as)[0], bias.split()[0])
+        for name in matched:
+            if name in claimed:
+                problems.append(f"export.md: {name} has two rows ({claimed[name]!r}, {configs!r})")
+            claimed[name] = configs
+            if exported(name) != said:
+                problems.append(
+                    f"export.md: {name} exports as {exported(name)}, the table says {said}"
+                )
+    problems += [f"export.md: {n} has no row" for n in names if n not in claimed]
+    return problems
+
+
+def test_export_table_names_the_class_the_exporter_picks_for_every_config():
+    assert export_table_problems((ROOT / "docs" / "export.md").read_text()) == []
+
+
+@pytest.mark.parametrize(
+    "real, planted, reported",
+    [
+        ("| off | `RobertaModel` |", "| off | `RobertaForMaskedLM` |",
+         "three_ml_self_base exports as ('RobertaModel', 'off'), the table says"),
+        ("`mlm_*` (RoBERTa's MLM) | off |", "`mlm_*` (RoBERTa's MLM) | on |",
+         "the table says ('RobertaForMaskedLM', 'on')"),
+        ("| `modern_mlm_*` |", "| `modern_mlm_base` |", "modern_mlm_large has no row"),
+        ("`base`, `three_ml_*`", "`base`, `three_ml_*`, `default`", "default has two rows"),
+    ],
+)  # fmt: skip
+def test_a_planted_wrong_row_in_the_export_table_is_reported(real, planted, reported):
+    text = (ROOT / "docs" / "export.md").read_text()
+    assert real in text
+    problems = export_table_problems(text.replace(real, planted, 1))
+    assert any(reported in p for p in problems), problems

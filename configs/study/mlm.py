@@ -9,4 +9,5 @@ def get_config():
     c.objective = "mlm"
     c.mask_rate = 0.15
     c.model.decoder_relative_attention = False  # no decoder
+    c.model.decoder_relative_attention_init_slope = 0.0
     return c

@@ -28,7 +28,7 @@ from maelm_jax import paths
 from maelm_jax.hf import convert as hf_convert
 from maelm_jax.hf import modern_convert
 from maelm_jax.inspection import trained_model
-from maelm_jax.run_config import ConfigError
+from maelm_jax.run_config import ConfigError, ModelConfig
 
 TOLERANCE = 1e-4
 MODELING_FILE = "modeling_maelm.py"
@@ -57,6 +57,13 @@ def _kind(config) -> str:
     if config.objective == "mlm":
         return "mlm"
     return f"3ml_{config.model.decoder}" if config.model.decoder == "cross" else "mae_lm"
+
+
+def exported_class(objective: str, cfg: ModelConfig) -> str:
+    """The HuggingFace class an export of this model is saved as (config.json's
+    `architectures`): the one place docs/export.md's table is checked against."""
+    converter = modern_convert if cfg.modern else hf_convert
+    return converter.hf_config(cfg, 0, objective == "mlm")["architectures"][0]
 
 
 def check_exportable(trained: trained_model.TrainedModel) -> None:
@@ -198,7 +205,7 @@ def _export_local(workdir, output_dir: str, step: int | None) -> ExportResult:
     remote_code = hf_convert.uses_relative_bias(cfg)
     converter = modern_convert if cfg.modern else hf_convert
     hf_cfg = converter.hf_config(cfg, vocab, with_lm_head)
-    hf_class = hf_cfg["architectures"][0]
+    hf_class = exported_class(trained.config.objective, cfg)
 
     tmp = f"{out}.tmp-{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)
