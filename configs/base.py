@@ -94,6 +94,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.decoder_relative_attention = False
     # Where the decoder's own bias table starts, as `relative_attention_init_slope` does the
     # encoder's: the local prior a short run needs to leave the plateau, never exported.
+    # Unread without `decoder_relative_attention`.
     c.model.decoder_relative_attention_init_slope = 0.0
     c.model.dtype = "bfloat16"  # compute dtype; parameters are always float32
     c.model.scan_layers = True

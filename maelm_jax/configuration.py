@@ -91,12 +91,6 @@ def _combinations(config) -> list[str]:
                     f"model.{key}={m[key]!r} needs the relative bias; set "
                     "model.relative_attention_buckets > 0"
                 )
-    if m.decoder_relative_attention_init_slope and not m.decoder_relative_attention:
-        problems.append(
-            "model.decoder_relative_attention_init_slope="
-            f"{m.decoder_relative_attention_init_slope!r} needs the decoder's own bias; set "
-            "model.decoder_relative_attention=True"
-        )
     if m.backbone == "modern":
         problems += _modern_combinations(m)
     # One batch of token ids (int32) is built on a host: refuse what no host can hold
