@@ -31,14 +31,14 @@ import tempfile
 import jax
 from absl import app, flags
 
-from maelm_jax import cli, configuration
 from maelm_jax.checkpoints import save_speed
+from maelm_jax.config import cli, configdict
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import input_speed, preparation, prepared
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.kernels import summary, trace_files
 from maelm_jax.model import flop_count
-from maelm_jax.run_config import RunConfig
 from maelm_jax.training import step_speed
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -107,7 +107,7 @@ def _config(name: str, dtype: str | None = None) -> RunConfig:
         config.seq_len = FLAGS.seq_len
     if dtype:
         config.model.dtype = dtype
-    return configuration.freeze(config)
+    return configdict.freeze(config)
 
 
 def _speed_dtype() -> str | None:
@@ -169,7 +169,7 @@ def _size_row(root: pathlib.Path, megabytes: float) -> tuple[dict, object]:
     glob = input_speed.write_synthetic_corpus(root / "corpus", megabytes)
     config = importlib.import_module("configs.default").get_config()
     config.dataset, config.data_dir = glob, str(root / "data")
-    data = configuration.freeze(config).data
+    data = configdict.freeze(config).data
     workers = os.cpu_count() or 1
     report = preparation.prepare(data, workers=workers)
     command = [

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from text_corpora import data_config, sample_corpus, sample_document, write_corpus
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data import prepared, shards
 from maelm_jax.data import tokenizer as tok
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.input_pipeline import create_datasets, load_tokenizer
 from maelm_jax.data.preparation import NUM_SHARDS
 from maelm_jax.data.shard_writer import pack_documents
-from maelm_jax.run_config import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -21,15 +21,15 @@ from process_runs import DEVICES_PER_PROCESS, ProcessResult, describe, run_main
 from text_corpora import sample_document, write_corpus
 from tiny_configs import run_flags, tiny_run_config
 
-from maelm_jax import configuration
 from maelm_jax.checkpoints import checkpointing, manifest
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import preparation, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.documents import _held_out, read_documents
 from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.data.workdir_cache import CACHE_DIRNAME
-from maelm_jax.run_config import RunConfig
 from maelm_jax.step import programs, sharding
 from maelm_jax.training import metric_logging, train
 
@@ -47,7 +47,7 @@ class Run:
 
     @property
     def frozen(self) -> RunConfig:
-        return configuration.freeze(self.config)
+        return configdict.freeze(self.config)
 
 
 def _config(dataset: str, **overrides):
@@ -342,7 +342,7 @@ def test_input_error_on_one_process_stops_every_process(tmp_path):
     kept = [d for d in docs if not _held_out(d, 0.1)][: len(held)]
     interleaved = [doc for pair in zip(kept, held, strict=True) for doc in pair]
     config = _config(write_corpus(tmp_path / "corpus", interleaved, files=1))
-    data = configuration.freeze(config).data
+    data = configdict.freeze(config).data
     assert list(read_documents(data, "train", 1, PROCESSES)) == []
     assert list(read_documents(data, "train", 0, PROCESSES))
     results = run_main(

@@ -16,7 +16,7 @@ import text_corpora
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.data import input_speed, preparation, prepared, shards, workdir_cache
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
@@ -32,7 +32,7 @@ RUN = dict(num_train_steps=4, checkpoint_every_steps=2, eval_batches=0)
 def _prepare(root, docs: int, **overrides) -> dict:
     corpus = write_corpus(root / "corpus", [sample_document(i) for i in range(docs)])
     config = tiny_run_config(corpus, data_dir=str(root / "data"), **RUN, **overrides)
-    report = preparation.prepare(configuration.freeze(config).data, NUM_SHARDS, workers=1)
+    report = preparation.prepare(configdict.freeze(config).data, NUM_SHARDS, workers=1)
     return {"config": config, "report": report}
 
 
@@ -76,7 +76,7 @@ def test_two_methods_train_on_it_without_tokenizing_and_resume_replays_exactly(
 def test_mapped_shards_replay_every_batch(ready, tmp_path, no_tokenizing):
     """Two openings (a resumed run's is the second) give identical batches, equal to the
     same blocks held in memory; every train shard is a map, not a copy."""
-    data = configuration.freeze(ready["config"]).data
+    data = configdict.freeze(ready["config"]).data
     tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
     first, again = (create_datasets(data, tmp_path, tokenizer, 1, 2) for _ in range(2))
     assert all(isinstance(a, np.memmap) for a in first.train.blocks.arrays)
@@ -114,7 +114,7 @@ def test_memory_does_not_grow_with_a_ten_times_larger_corpus(tmp_path):
     blocks = [r["report"]["blocks"] for r in runs]
     assert blocks[1] > 9 * blocks[0] > 90
     held = [
-        _peak_bytes(configuration.freeze(r["config"]).data, tmp_path / str(i)) / block_bytes
+        _peak_bytes(configdict.freeze(r["config"]).data, tmp_path / str(i)) / block_bytes
         for i, r in enumerate(runs)
     ]
     # A copy of the share would add blocks[1] - blocks[0] (half that in uint16); hashing
@@ -131,7 +131,7 @@ def _break(ready, tmp_path, how: str):
     shutil.copytree(ready["config"].data_dir, data_dir)
     config = ready["config"].copy_and_resolve_references()
     config.data_dir = str(data_dir)
-    directory = prepared.blocks_directory(configuration.freeze(config).data, NUM_SHARDS)
+    directory = prepared.blocks_directory(configdict.freeze(config).data, NUM_SHARDS)
     entry = shards.read_manifest(directory)["splits"]["train"][2]
     path = directory / entry["file"]
     if how == "missing":
@@ -190,7 +190,7 @@ def test_the_old_cache_keeps_its_name_so_old_workdirs_find_it():
 def test_a_workdir_that_began_on_its_own_cache_keeps_it(ready, tmp_path):
     """A run started on the old per-workdir cache resumes on the blocks it began with, so its
     batches replay; a new workdir maps the shards."""
-    data = dataclasses.replace(configuration.freeze(ready["config"]).data, eval_batches=2)
+    data = dataclasses.replace(configdict.freeze(ready["config"]).data, eval_batches=2)
     tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
     rows = data.eval_batches * data.batch_size
     train = _old_cache(data, tmp_path / "old", tokenizer, "train")
@@ -222,7 +222,7 @@ def test_bench_input_measures_the_child_alone(ready, tmp_path):
     )
     assert small["returncode"] == big["returncode"] == 0
     assert 0 < small["peak_rss_mb"] < 100 < 300 < big["peak_rss_mb"] < 400
-    data = configuration.freeze(ready["config"]).data
+    data = configdict.freeze(ready["config"]).data
     tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
     rate = input_speed.delivered_tokens_per_s(data, tokenizer, tmp_path, rows=64, steps=5)
     assert rate["tokens_per_sec"] > 0 and rate["rows"] == 64

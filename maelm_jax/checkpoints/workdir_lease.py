@@ -37,7 +37,7 @@ import uuid
 from absl import logging
 from etils import epath
 
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 LEASE_FILENAME = "maelm_lease.json"
 HEARTBEAT_SECONDS = 30.0

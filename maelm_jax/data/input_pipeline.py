@@ -19,14 +19,14 @@ import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax import paths
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import ConfigError, DataConfig
 from maelm_jax.data import prepared, shards, workdir_cache
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches, eval_batches
 from maelm_jax.data.preparation import prepare_blocks, prepare_tokenizer, shard_count
 from maelm_jax.data.tokenizer import PAD_ID, Tokenizer
 from maelm_jax.hardware import multihost
-from maelm_jax.run_config import ConfigError, DataConfig
 
 
 @dataclasses.dataclass(frozen=True)

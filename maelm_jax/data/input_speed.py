@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
+from maelm_jax.config.run_config import DataConfig
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.input_pipeline import create_datasets
 from maelm_jax.data.tokenizer import Tokenizer
-from maelm_jax.run_config import DataConfig
 
 _SYLLABLES = ("ka", "lo", "mi", "ten", "ar", "vo", "si", "ne", "ru", "dal", "pe", "to", "sh")
 

@@ -15,11 +15,11 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from maelm_jax import paths
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import DataConfig
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.data.tokenizer import Tokenizer
-from maelm_jax.run_config import DataConfig
 
 CACHE_DIRNAME = "data_cache"
 # The format of the last version that wrote the cache, part of its file names: frozen. (2:

@@ -7,13 +7,13 @@ import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax import paths
 from maelm_jax.checkpoints import checkpointing
 from maelm_jax.checkpoints.params import load_params
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.data import batches, input_pipeline, unigram
 from maelm_jax.hardware import multihost
 from maelm_jax.inspection import fill_in
-from maelm_jax.run_config import ConfigError, RunConfig
 from maelm_jax.step import programs, sharding
 from maelm_jax.training import metric_logging, profiling, telemetry
 from maelm_jax.training.preemption import Interrupted, PreemptionWatcher

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax.run_config import CUDNN_LENGTH_MULTIPLE
+from maelm_jax.config.run_config import CUDNN_LENGTH_MULTIPLE
 
 # Lengths pad to this multiple (cuDNN trains with a bias only at even lengths); the MAE-LM
 # encoder's kept tokens arrive padded to it already (model.encoder_length_multiple).

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from maelm_jax.config.run_config import TRITON_BLOCK
 from maelm_jax.model.positions.relative_bias import offset_buckets
-from maelm_jax.run_config import TRITON_BLOCK
 
 # Query and key block; lengths pad to a multiple of it.
 BLOCK = TRITON_BLOCK

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
-from maelm_jax.run_config import ModelConfig
 
 
 def relative_position_buckets(num_buckets: int, max_distance: int, max_positions: int):
