@@ -16,7 +16,7 @@ synthetic corpora of `--sizes_mb` (`maelm_jax/data/input_speed.py`), next to the
 v5p host's step of the first of `--configs` (default there: mae_lm_large) consumes at the
 chips' peak; `kernels`: a `jax.profiler` trace of `--steps` steps of each config's real train
 step, summed up by kernel (GPU) or XLA op (CPU) and by category (matmul, attention,
-scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/kernels/`). FLOPs
+scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/profiling/`). FLOPs
 per step by method and region: `python -m maelm_jax.flops`.
 """
 
@@ -37,8 +37,8 @@ from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import input_speed, preparation, prepared
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.hardware import tpu_chips
-from maelm_jax.kernels import summary, trace_files
 from maelm_jax.model import flop_count
+from maelm_jax.profiling import summary, trace_files
 from maelm_jax.training import step_speed
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -124,7 +124,7 @@ def run_speed() -> None:
 
 
 def run_kernels() -> None:
-    """Each config's step traced and summed up by kernel and category (`maelm_jax/kernels/`)."""
+    """Each config's step traced and summed up by kernel and category (`maelm_jax/profiling/`)."""
     dtype = _speed_dtype()
     root = FLAGS.logdir or tempfile.mkdtemp(prefix="maelm_jax_kernels_")
     found = {}

@@ -29,7 +29,9 @@ LAYERS = (
     ("step",),  # what a train step is made of: state, update, optimizer, mesh, programs
     ("checkpoints", "aot"),  # the state on disk; the step compiled for a TPU topology
     ("inspection", "hf", "glue"),  # a checkpoint read back; HF export; GLUE on an export
-    ("training", "kernels"),  # the loop (and `bench speed`); where the loop's step spends time
+    # the loop (and `bench speed`); where the loop's step spends time (its trace window, the
+    # kernel table): the loop takes `profiling.capture`, the table times `training.step_speed`
+    ("training", "profiling"),
     ("studies",),  # the papers' comparison: pretrain, export, fine-tune, measure
     ("config.cli", *COMMANDS),
 )
