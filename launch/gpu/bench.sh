@@ -50,6 +50,7 @@ for name in ${parts//,/ }; do
 done
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+bench=$repo/maelm_jax/benchmarks
 results=$out/results
 mkdir -p "$results"
 exec > >(tee -a "$out/log.txt") 2>&1
@@ -65,7 +66,7 @@ part() {  # part SECONDS NAME COMMAND...: runs COMMAND under a time limit, says 
   echo "=== $name: exit $?, $((SECONDS - start)) s"
 }
 
-speed=(python3 "$here/jax_speed.py")  # PROJECT OUTDIR GROUP...: groups on a checkout
+speed=(python3 "$bench/jax_speed.py")  # PROJECT OUTDIR GROUP...: groups on a checkout
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import jax, flax, torch, transformers; print("jax", jax.__version__, "flax",
@@ -80,7 +81,7 @@ fi
 if wanted relative; then
   part 60 "relative: GPU test" env JAX_PLATFORMS=cuda python3 -m pytest -q -rA -o addopts="" \
     -p no:cacheprovider --noconftest "$repo/tests/test_relative_flash.py" -k on_a_gpu
-  part 150 "relative: speed" python3 "$here/relative_kernel_speed.py" "$repo" "$results"
+  part 150 "relative: speed" python3 "$bench/relative_kernel_speed.py" "$repo" "$results"
 fi
 if wanted pair; then
   part 380 pair "${speed[@]}" "$repo" "$results" \
@@ -97,11 +98,11 @@ if wanted xla_dropout; then
 fi
 # Each peer at its counterpart's vocabulary: configs/base.py's 32768, modern.py's 50368.
 if wanted roberta_peer; then
-  part 60 "peers: RoBERTa" python3 "$here/torch_peer.py" "$results" 32768 \
+  part 60 "peers: RoBERTa" python3 "$bench/torch_peer.py" "$results" 32768 \
     roberta=roberta-base@64x512
 fi
 if wanted modern_peer; then
-  part 80 "peers: ModernBERT" python3 "$here/torch_peer.py" "$results" 50368 \
+  part 80 "peers: ModernBERT" python3 "$bench/torch_peer.py" "$results" 50368 \
     mb8=modernbert-base@8x1024 mb32=modernbert-base@32x1024
 fi
 if wanted modern; then
@@ -130,10 +131,10 @@ if wanted mae_variants; then
     mae_variants=mae_lm_base+mae_lm_base:model.relative_bias_grad=per_layer@64x512
 fi
 if wanted bias; then
-  part 120 bias python3 "$here/bias_speed.py" "$repo" "$results"
+  part 120 bias python3 "$bench/bias_speed.py" "$repo" "$results"
 fi
 if wanted kernels; then
-  part 300 kernels python3 "$here/kernel_table.py" "$repo" "$results" \
+  part 300 kernels python3 "$bench/kernel_table.py" "$repo" "$results" \
     --configs=mlm_base,mae_lm_base --batch_size=64 --seq_len=512 --steps=3 --top=15
 fi
 
