@@ -33,7 +33,7 @@ LAYERS = (
     # kernel table): the loop takes `profiling.capture`, the table times `training.step_speed`
     ("training", "profiling"),
     ("studies",),  # the papers' comparison: pretrain, export, fine-tune, measure
-    ("config.cli", "benchmarks", *COMMANDS),  # benchmarks: GPU measurements, run as scripts
+    ("config.cli", "benchmarks", *COMMANDS),  # benchmarks: `python -m maelm_jax.benchmarks.<name>`
 )
 # Rooms of one layer that must not know each other: the network never reads text files,
 # and the data pipeline never builds a model.
