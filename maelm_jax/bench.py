@@ -206,7 +206,7 @@ def run_input() -> None:
     tokenizer = Tokenizer.from_path(prepared.tokenizer_path(data))
     rows = max(1, consumed["tokens_per_host_batch"] // data.seq_len)
     result["delivered"] = input_speed.delivered_tokens_per_s(
-        data, tokenizer, root / "delivered", rows, FLAGS.input_steps
+        data, tokenizer, rows, FLAGS.input_steps
     )
     print(json.dumps(result) if FLAGS.json else input_speed.format_result(result))
 

@@ -70,12 +70,12 @@ def test_two_methods_train_on_it_without_tokenizing_and_resume_replays_exactly(
     assert rerun == {s: expected[s] for s in (3, 4)}
 
 
-def test_mapped_shards_replay_every_batch(ready, tmp_path, no_tokenizing):
+def test_mapped_shards_replay_every_batch(ready, no_tokenizing):
     """Two openings (a resumed run's is the second) give identical batches, equal to the
     same blocks held in memory; every train shard is a map, not a copy."""
     data = configdict.freeze(ready["config"]).data
     tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
-    first, again = (create_datasets(data, tmp_path, tokenizer, 1, 2) for _ in range(2))
+    first, again = (create_datasets(data, tokenizer, 1, 2) for _ in range(2))
     assert all(isinstance(a, np.memmap) for a in first.train.blocks.arrays)
     assert first.train.blocks.dtype == np.uint16
     in_memory = np.asarray(first.train.blocks)
@@ -89,11 +89,11 @@ def test_mapped_shards_replay_every_batch(ready, tmp_path, no_tokenizing):
     assert first.train.state(51) == again.train.state(51)
 
 
-def _peak_bytes(config, root) -> int:
+def _peak_bytes(config) -> int:
     tokenizer = Tokenizer.from_path(prepared.tokenizer_path(config))
     tracemalloc.start()
     try:
-        data = create_datasets(config, root / "work", tokenizer, 0, 1)
+        data = create_datasets(config, tokenizer, 0, 1)
         for step in range(8):
             data.train.batch(step)
         return tracemalloc.get_traced_memory()[1]
@@ -110,10 +110,7 @@ def test_memory_does_not_grow_with_a_ten_times_larger_corpus(tmp_path):
     block_bytes = 128 * 4
     blocks = [r["report"]["blocks"] for r in runs]
     assert blocks[1] > 9 * blocks[0] > 90
-    held = [
-        _peak_bytes(configdict.freeze(r["config"]).data, tmp_path / str(i)) / block_bytes
-        for i, r in enumerate(runs)
-    ]
+    held = [_peak_bytes(configdict.freeze(r["config"]).data) / block_bytes for r in runs]
     # A copy of the share would add blocks[1] - blocks[0] (half that in uint16); hashing
     # holds one 1 MiB buffer, which a shard under 1 MiB may not fill (and a gfile-backed
     # path, once tensorflow is imported, reads in 1 MiB chunks).
@@ -205,6 +202,6 @@ def test_bench_input_measures_the_child_alone(ready, tmp_path):
     assert 0 < small["peak_rss_mb"] < 100 < 300 < big["peak_rss_mb"] < 400
     data = configdict.freeze(ready["config"]).data
     tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
-    rate = input_speed.delivered_tokens_per_s(data, tokenizer, tmp_path, rows=64, steps=5)
+    rate = input_speed.delivered_tokens_per_s(data, tokenizer, rows=64, steps=5)
     assert rate["tokens_per_sec"] > 0 and rate["rows"] == 64
     assert rate["train_blocks"] == ready["report"]["blocks"]

@@ -129,11 +129,7 @@ def _shard_blocks(config, tokenizer, process_index: int, process_count: int, row
 
 
 def create_datasets(
-    config: DataConfig,
-    workdir: str | os.PathLike,
-    tokenizer: Tokenizer,
-    process_index: int,
-    process_count: int,
+    config: DataConfig, tokenizer: Tokenizer, process_index: int, process_count: int
 ) -> Datasets:
     """This process's train and eval batches from its shards of the corpus packed with
     `tokenizer`, prepared first if they are not yet. Collective: every process calls it (it

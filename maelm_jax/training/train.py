@@ -161,9 +161,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     tokenizer = input_pipeline.load_tokenizer(run.data, workdir)
     data, error = None, None
     try:
-        data = input_pipeline.create_datasets(
-            run.data, workdir, tokenizer, process_index, process_count
-        )
+        data = input_pipeline.create_datasets(run.data, tokenizer, process_index, process_count)
     except ConfigError as e:  # maybe on this process only: its share may be empty
         error = e
     multihost.raise_together(error, "preparing their share of the data")
