@@ -54,7 +54,7 @@ copy_log() {
   [[ -f $rundir/workdir && -f $rundir/train.log ]] || return 0
   workdir=$(<"$rundir/workdir")
   run "$venv/bin/python" -c 'import socket, sys
-from maelm_jax import paths
+from maelm_jax.config import paths
 dst = paths.path(sys.argv[2]) / "logs" / (socket.gethostname() + ".log")
 dst.parent.mkdir(parents=True, exist_ok=True)
 dst.write_bytes(paths.path(sys.argv[1]).read_bytes())' "$rundir/train.log" "$workdir"

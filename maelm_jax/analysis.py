@@ -10,8 +10,8 @@ import sys
 import jax
 from absl import app, flags
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.inspection.representation_rank import run
-from maelm_jax.run_config import ConfigError
 
 FLAGS = flags.FLAGS
 

@@ -16,7 +16,7 @@ synthetic corpora of `--sizes_mb` (`maelm_jax/data/input_speed.py`), next to the
 v5p host's step of the first of `--configs` (default there: mae_lm_large) consumes at the
 chips' peak; `kernels`: a `jax.profiler` trace of `--steps` steps of each config's real train
 step, summed up by kernel (GPU) or XLA op (CPU) and by category (matmul, attention,
-scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/kernels/`). FLOPs
+scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/profiling/`). FLOPs
 per step by method and region: `python -m maelm_jax.flops`.
 """
 
@@ -31,14 +31,14 @@ import tempfile
 import jax
 from absl import app, flags
 
-from maelm_jax import cli, configuration
 from maelm_jax.checkpoints import save_speed
+from maelm_jax.config import cli, configdict
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import input_speed, preparation, prepared
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.hardware import tpu_chips
-from maelm_jax.kernels import summary, trace_files
 from maelm_jax.model import flop_count
-from maelm_jax.run_config import RunConfig
+from maelm_jax.profiling import summary, trace_files
 from maelm_jax.training import step_speed
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -107,7 +107,7 @@ def _config(name: str, dtype: str | None = None) -> RunConfig:
         config.seq_len = FLAGS.seq_len
     if dtype:
         config.model.dtype = dtype
-    return configuration.freeze(config)
+    return configdict.freeze(config)
 
 
 def _speed_dtype() -> str | None:
@@ -124,7 +124,7 @@ def run_speed() -> None:
 
 
 def run_kernels() -> None:
-    """Each config's step traced and summed up by kernel and category (`maelm_jax/kernels/`)."""
+    """Each config's step traced and summed up by kernel and category (`maelm_jax/profiling/`)."""
     dtype = _speed_dtype()
     root = FLAGS.logdir or tempfile.mkdtemp(prefix="maelm_jax_kernels_")
     found = {}
@@ -169,7 +169,7 @@ def _size_row(root: pathlib.Path, megabytes: float) -> tuple[dict, object]:
     glob = input_speed.write_synthetic_corpus(root / "corpus", megabytes)
     config = importlib.import_module("configs.default").get_config()
     config.dataset, config.data_dir = glob, str(root / "data")
-    data = configuration.freeze(config).data
+    data = configdict.freeze(config).data
     workers = os.cpu_count() or 1
     report = preparation.prepare(data, workers=workers)
     command = [
@@ -206,7 +206,7 @@ def run_input() -> None:
     tokenizer = Tokenizer.from_path(prepared.tokenizer_path(data))
     rows = max(1, consumed["tokens_per_host_batch"] // data.seq_len)
     result["delivered"] = input_speed.delivered_tokens_per_s(
-        data, tokenizer, root / "delivered", rows, FLAGS.input_steps
+        data, tokenizer, rows, FLAGS.input_steps
     )
     print(json.dumps(result) if FLAGS.json else input_speed.format_result(result))
 

@@ -53,12 +53,12 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from maelm_jax import cli, configuration
 from maelm_jax.aot.analyze import EFFORTS, FLOPS_MODES, STEP_TIMES, analyze
 from maelm_jax.aot.report import format_report, gib, needed
 from maelm_jax.aot.topology import LibtpuMissingError
+from maelm_jax.config import cli, configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.hardware import tpu_chips
-from maelm_jax.run_config import ConfigError
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_ERROR = 2
@@ -91,7 +91,7 @@ def main(argv):
     jax.config.update("jax_enable_compilation_cache", False)
     try:
         report = analyze(
-            configuration.freeze(FLAGS.config),
+            configdict.freeze(FLAGS.config),
             FLAGS.topology,
             FLAGS.num_slices,
             FLAGS.flops,

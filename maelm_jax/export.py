@@ -11,7 +11,7 @@ import json
 import jax
 from absl import app, flags
 
-from maelm_jax import cli
+from maelm_jax.config import cli
 from maelm_jax.hf.export import export, format_result
 
 FLAGS = flags.FLAGS

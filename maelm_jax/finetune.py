@@ -12,9 +12,9 @@ import os
 
 from absl import app, flags, logging
 
-from maelm_jax import cli
+from maelm_jax.config import cli
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import readers, recipe, tasks
-from maelm_jax.run_config import ConfigError
 
 FLAGS = flags.FLAGS
 _RECIPE_FLAGS = {  # flag -> Recipe field; unset flags keep the chosen recipe's value

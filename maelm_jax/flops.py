@@ -13,11 +13,11 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from maelm_jax import configuration
 from maelm_jax.aot.flops_by_method import format_table, table, to_json
 from maelm_jax.aot.topology import LibtpuMissingError, topology_devices
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.hardware import tpu_chips
-from maelm_jax.run_config import ConfigError
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file (sizes).", lock_config=False)
@@ -43,7 +43,7 @@ def main(argv):
         config.seq_len = FLAGS.seq_len
         config.model.max_positions = max(config.model.max_positions, FLAGS.seq_len)
     try:
-        run = configuration.freeze(config)
+        run = configdict.freeze(config)
         if FLAGS.topology:
             devices = topology_devices(tpu_chips.parse(FLAGS.topology))
             where = f"{FLAGS.topology} ({len(devices)} chips, compile-only)"

@@ -5,7 +5,7 @@ Every host of a pod runs the same command. On a multi-host TPU/GPU system
 machine, as the tests do) give --coordinator_address, --num_processes and --process_id.
 
 Bad input is answered before the heavy modules (TensorFlow, Orbax, the model) load: the
-flags and config (`cli`), the config's values (`configuration.freeze`), the workdir and its
+flags and config (`cli`), the config's values (`configdict.freeze`), the workdir and its
 lease (`workdir_lease`) are checked first, each failure one line and a non-zero exit.
 """
 
@@ -13,10 +13,10 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import cli, configuration
 from maelm_jax.checkpoints import workdir_lease
+from maelm_jax.config import cli, configdict
+from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.hardware import multihost, platforms
-from maelm_jax.run_config import ConfigError, RunConfig
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -69,7 +69,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     platforms.skip_absent_tpu()
-    run = configuration.freeze(FLAGS.config)
+    run = configdict.freeze(FLAGS.config)
     workdir_lease.check_workdir(FLAGS.workdir)
     initialize_distributed()
     lease = _take_lease(FLAGS.workdir)

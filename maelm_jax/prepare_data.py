@@ -14,7 +14,7 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
-from maelm_jax import cli, configuration, paths
+from maelm_jax.config import cli, configdict, paths
 from maelm_jax.data.preparation import NUM_SHARDS, prepare
 
 
@@ -72,7 +72,7 @@ def main(argv):
     if FLAGS.data_dir:
         config.data_dir = paths.resolve(FLAGS.data_dir)
     report = prepare(
-        configuration.freeze(config).data,
+        configdict.freeze(config).data,
         FLAGS.num_shards,
         FLAGS.workers,
         beam_options=FLAGS.beam_options,

@@ -13,9 +13,9 @@ import os
 
 from absl import app, flags
 
-from maelm_jax import cli
+from maelm_jax.config import cli
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import readers, recipe, tasks
-from maelm_jax.run_config import ConfigError
 
 FLAGS = flags.FLAGS
 STUDY_CONFIGS = ("mlm", "mae_lm", "three_ml_self", "three_ml_cross")

@@ -56,7 +56,7 @@ def tiny_checkpoints(tmp_path_factory):
     from text_corpora import sample_document, write_corpus
     from tiny_configs import tiny_run_config
 
-    from maelm_jax import configuration
+    from maelm_jax.config import configdict
     from maelm_jax.training import train
 
     root = tmp_path_factory.mktemp("tiny_checkpoints")
@@ -81,5 +81,5 @@ def tiny_checkpoints(tmp_path_factory):
             **overrides,
         )
         workdirs[kind] = root / kind
-        train.train_and_evaluate(configuration.freeze(config), workdirs[kind])
+        train.train_and_evaluate(configdict.freeze(config), workdirs[kind])
     return workdirs

@@ -17,8 +17,8 @@ import time
 from etils import epath
 from tiny_configs import REPO_ROOT, run_flags
 
-from maelm_jax import configuration
 from maelm_jax.checkpoints import manifest
+from maelm_jax.config import configdict
 from maelm_jax.training import metric_logging, train
 
 
@@ -139,6 +139,6 @@ def train_in_process(config, workdir) -> dict[int, float]:
     and returns {step: train/loss} of the lines *this* run appended to metrics.jsonl, so a
     resumed run shows where it started."""
     seen = len(_metric_lines(workdir))
-    train.train_and_evaluate(configuration.freeze(config), workdir)
+    train.train_and_evaluate(configdict.freeze(config), workdir)
     new = _metric_lines(workdir)[seen:]
     return {row["step"]: row["train/loss"] for row in new if "train/loss" in row}

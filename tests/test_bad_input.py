@@ -19,12 +19,12 @@ from process_runs import process_env
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
-from maelm_jax import configuration
 from maelm_jax.checkpoints import workdir_lease
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data import documents
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.input_pipeline import load_tokenizer
-from maelm_jax.run_config import ConfigError
 
 STEPS = 24
 USAGE = 2  # flags the parser rejects
@@ -266,7 +266,7 @@ def test_text_files_that_hold_no_usable_documents_are_one_line(unchanged, tmp_pa
 def test_a_text_file_that_is_not_utf8_is_named_with_its_line_and_byte(tmp_path):
     (tmp_path / "a.txt").write_text("Plain text.\n\nMore plain text.\n")
     (tmp_path / "b.txt").write_bytes("Fine line.\nCaf\u00e9 in Latin-1.\n".encode("latin-1"))
-    config = configuration.freeze(config_of(f"text:{tmp_path}/*.txt")).data
+    config = configdict.freeze(config_of(f"text:{tmp_path}/*.txt")).data
     with pytest.raises(ConfigError) as error:
         list(documents.read_documents(config, "train", 0, 1))
     assert str(error.value).startswith(
@@ -290,6 +290,6 @@ def test_one_enormous_line_is_cut_into_pieces_the_trainer_accepts():
 def test_a_vocab_path_that_is_no_model_file_is_one_line(tmp_path, kind):
     path = tmp_path / "vocab"
     path.mkdir() if kind == "a directory" else path.write_bytes(b"")
-    config = configuration.freeze(config_of("text:/unused/*.txt", vocab_path=str(path))).data
+    config = configdict.freeze(config_of("text:/unused/*.txt", vocab_path=str(path))).data
     with pytest.raises(ConfigError, match=f"vocab_path='{path}' is {kind}; give a SentencePiece"):
         load_tokenizer(config, tmp_path / "run")

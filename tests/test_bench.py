@@ -10,7 +10,7 @@ from test_bad_input import assert_one_line_error, run_command
 from tiny_configs import printed_by_fresh_python
 
 from configs import default
-from maelm_jax import cli, configuration
+from maelm_jax.config import cli, configdict
 from maelm_jax.model import flop_count
 from maelm_jax.training import step_speed
 
@@ -28,7 +28,7 @@ def get_config():
 
 def expected_flops(config) -> float:
     config.seq_len, config.batch_size = ARGS["seq_len"], ARGS["batch_size"]
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     return flop_count.step_flops(run, flop_count.num_params(run))
 
 

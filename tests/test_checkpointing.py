@@ -28,15 +28,15 @@ from orbax.checkpoint._src.path import async_path  # a real Orbax coroutine
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax import configuration
 from maelm_jax.checkpoints import integrity as checkpoint_integrity
 from maelm_jax.checkpoints import manifest, save_errors
 from maelm_jax.checkpoints.checkpointing import Checkpointer
 from maelm_jax.checkpoints.params import load_params
 from maelm_jax.checkpoints.save_errors import NonFiniteStateError
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
-from maelm_jax.run_config import ConfigError
 from maelm_jax.step import programs, sharding
 from maelm_jax.training import metric_logging
 
@@ -319,7 +319,7 @@ def test_after_a_corrupt_checkpoint_the_rerun_trains_on_from_the_previous_one(
 
 
 def build(config, devices, vocab_size):
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     return programs.build(run, sharding.create_mesh(run.mesh, devices=devices), vocab_size)
 
 
@@ -327,7 +327,7 @@ def restore(config, workdir, progs):
     """(state, data position) from the newest good checkpoint of `workdir`, onto `progs`'
     mesh, the way a resuming run calls it."""
     abstract = progs.abstract_state()
-    checkpointer = Checkpointer(configuration.freeze(config), workdir, tokenizer_of(workdir))
+    checkpointer = Checkpointer(configdict.freeze(config), workdir, tokenizer_of(workdir))
     try:
         with sharding.activate(progs.mesh, progs.rules):
             return checkpointer.restore_latest(abstract)
@@ -694,7 +694,7 @@ def test_a_state_that_is_not_finite_is_never_saved(corpus, baseline, restored, t
         )
     )
     checkpointer = Checkpointer(
-        configuration.freeze(run_config(corpus)), tmp_path, tokenizer_of(baseline[0])
+        configdict.freeze(run_config(corpus)), tmp_path, tokenizer_of(baseline[0])
     )
     try:
         with pytest.raises(NonFiniteStateError, match="the state at step 33 has non-finite"):
@@ -713,7 +713,7 @@ def test_another_tokenizer_is_refused_on_resume_and_on_init_from(
     saved = tokenizer_of(baseline[0]).fingerprint
     _, progs = restored[8]
     workdir = copy_workdir(baseline[0], tmp_path / "run")
-    checkpointer = Checkpointer(configuration.freeze(run_config(corpus)), workdir, other)
+    checkpointer = Checkpointer(configdict.freeze(run_config(corpus)), workdir, other)
     try:
         with sharding.activate(progs.mesh, progs.rules), pytest.raises(ConfigError) as resumed:
             checkpointer.restore_latest(progs.abstract_state())

@@ -13,12 +13,12 @@ import pytest
 from tiny_configs import run_command_on_tiny, tiny_config
 
 from maelm_jax import compile as compile_command
-from maelm_jax import configuration, run_config
 from maelm_jax.aot import analyze, compile_step, max_batch, step_time, topology
 from maelm_jax.aot.report import format_report
+from maelm_jax.config import configdict, run_config
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
-from maelm_jax.run_config import ConfigError
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
@@ -94,7 +94,7 @@ def test_missing_libtpu_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
     with pytest.raises(topology.LibtpuMissingError, match=r'pip install "jax\[tpu\]'):
-        analyze.analyze(configuration.freeze(tiny_config()), "v5p-8")
+        analyze.analyze(configdict.freeze(tiny_config()), "v5p-8")
 
 
 def test_cli_unknown_topology_is_one_line_error(tmp_path):
@@ -148,7 +148,7 @@ def test_cli_step_that_does_not_fit_exits_nonzero(tmp_path):
 @needs_libtpu
 def test_two_slices_build_a_hybrid_mesh():
     report = analyze.analyze(
-        configuration.freeze(tiny_config(**NO_DROPOUT)),
+        configdict.freeze(tiny_config(**NO_DROPOUT)),
         "v5p-8",
         num_slices=2,
         flops="skip",
@@ -165,7 +165,7 @@ def fast_and_near():
     """The smallest tiny step on v5p-8 analysed twice: at the default (fast) effort, then with
     HBM such that the fast total is 90% of it, where the verdict must come from a full
     compile (the probes' kind, which the max_batch test starts from)."""
-    config = configuration.freeze(tiny_config(**NO_DROPOUT))
+    config = configdict.freeze(tiny_config(**NO_DROPOUT))
     fast = analyze.analyze(config, "v5p-8", flops="skip", step_time="skip")
     near = analyze.analyze(
         config, "v5p-8", flops="skip", step_time="skip", hbm_bytes=int(fast.memory.total / 0.9)
@@ -182,7 +182,7 @@ def test_a_fast_compile_near_the_limit_is_redone_at_full_effort(fast_and_near):
     assert near.memory_per_chip_bytes == near.memory.total and near.compile_seconds > 0
     assert "fast, then full" in format_report(near)
     with pytest.raises(ConfigError, match="effort='quick' is not allowed"):
-        analyze.analyze(configuration.freeze(tiny_config()), "v5p-8", effort="quick")
+        analyze.analyze(configdict.freeze(tiny_config()), "v5p-8", effort="quick")
 
 
 @needs_libtpu
@@ -190,7 +190,7 @@ def test_max_batch_fits_and_its_double_does_not(fast_and_near):
     _, first = fast_and_near  # the same step, compiled at full effort (the probes' kind)
     assert (first.effort, first.batch_size) == ("full", 8)
     config = tiny_config(**NO_DROPOUT)  # no width needed; the smallest step compiles fastest
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
     hbm = int(first.memory.total * 1.05)  # a bound that bites within a few batch units
     found = max_batch.max_batch(
@@ -203,7 +203,7 @@ def test_max_batch_fits_and_its_double_does_not(fast_and_near):
     config.batch_size = 2 * found.batch_size
     # At full effort, as the probes (a fast compile this near the bound is only redone).
     double = analyze.analyze(
-        configuration.freeze(config),
+        configdict.freeze(config),
         "v5p-8",
         flops="skip",
         step_time="skip",
@@ -249,7 +249,7 @@ def _estimated_and_deep(run):
 @needs_libtpu
 def test_step_time_from_shallow_programs_is_the_deep_unrolled_programs():
     """Two and three layers' differences, extrapolated, against the whole unrolled step."""
-    run = configuration.freeze(tiny_config(num_layers=3, num_decoder_layers=3, **NO_DROPOUT))
+    run = configdict.freeze(tiny_config(num_layers=3, num_decoder_layers=3, **NO_DROPOUT))
     estimated, direct = _estimated_and_deep(run)
     assert estimated.encoder_layer_seconds > 0 and estimated.decoder_layer_seconds > 0
     assert estimated.seconds == pytest.approx(direct, rel=0.02)
@@ -263,7 +263,7 @@ def test_step_time_of_alternating_global_and_local_layers_is_the_deep_programs()
     once the local ones run blocked (at this tiny size the blocks' overhead makes a local
     layer the dearer): one more shallow program prices a global layer."""
     modern = dict(backbone="modern", local_attention=4, local_attention_block=4, **NO_DROPOUT)
-    run = configuration.freeze(tiny_config("mlm", num_layers=5, **modern))
+    run = configdict.freeze(tiny_config("mlm", num_layers=5, **modern))
     estimated, direct = _estimated_and_deep(run)
     assert estimated.global_layer_seconds > 0 and estimated.encoder_layer_seconds > 0
     assert estimated.global_layer_seconds != pytest.approx(estimated.encoder_layer_seconds)
@@ -278,7 +278,7 @@ def test_the_step_compiles_for_tpu_with_splash_where_no_bias_or_dropout_needs_xl
     for impl in ("splash", "xla"):
         c = tiny_config("mae_lm", "self", 32, attention_impl=impl, relative_attention_buckets=8)
         c.model.decoder_relative_attention = False
-        run = configuration.freeze(c)
+        run = configdict.freeze(c)
         devices = topology.topology_devices(tpu_chips.parse("v5p-8"))
         compiled, oom, _, _ = compile_step.compile_step(run, devices, compile_step.FAST)
         assert oom is None

@@ -8,14 +8,14 @@ import pytest
 from tiny_configs import frozen, tiny_config
 
 from configs import base, default
-from maelm_jax import configuration
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 
 
 def test_freeze_copies_shared_keys_into_every_part_that_needs_them():
     c = tiny_config()
     c.batch_size, c.seed, c.num_train_steps, c.model.dtype = 16, 7, 99, "bfloat16"
-    run = configuration.freeze(c)
+    run = configdict.freeze(c)
     assert (run.batch_size, run.data.batch_size) == (16, 16)
     assert (run.seed, run.data.seed, run.loop.seed) == (7, 7, 7)
     assert (run.optimizer.num_train_steps, run.loop.num_train_steps) == (99, 99)
@@ -25,33 +25,33 @@ def test_freeze_copies_shared_keys_into_every_part_that_needs_them():
 
 
 def test_override_changes_a_key_in_every_copy_and_nothing_else():
-    run = configuration.freeze(tiny_config())
-    changed = configuration.override(run, {"batch_size": 32, "model.scan_layers": False})
+    run = configdict.freeze(tiny_config())
+    changed = configdict.override(run, {"batch_size": 32, "model.scan_layers": False})
     assert (changed.batch_size, changed.data.batch_size) == (32, 32)
     assert changed.model.scan_layers is False
     assert dataclasses.replace(changed.model, scan_layers=True) == run.model
     assert changed.optimizer == run.optimizer and changed.mesh == run.mesh
     # Nothing changed: the same run back, through its JSON.
-    assert configuration.override(run, {}) == run
+    assert configdict.override(run, {}) == run
 
 
 def test_override_validates_and_names_the_key():
-    run = configuration.freeze(tiny_config())
+    run = configdict.freeze(tiny_config())
     with pytest.raises(ConfigError, match=r"mask_rate=1\.5 is not allowed"):
-        configuration.override(run, {"mask_rate": 1.5})
+        configdict.override(run, {"mask_rate": 1.5})
     with pytest.raises(ConfigError, match=r"has no key 'model\.num_layer'"):
-        configuration.override(run, {"model.num_layer": 2})
+        configdict.override(run, {"model.num_layer": 2})
 
 
 def test_a_checkpoints_config_gets_what_older_runs_did_for_keys_added_since():
     stored = json.loads(default.get_config().to_json_best_effort())
     del stored["model"]["mask_token_source"], stored["eval_batches"]
-    run = configuration.from_checkpoint(stored)
+    run = configdict.from_checkpoint(stored)
     assert run.model.mask_token_source == "learned"  # the model before the key existed
     assert run.loop.eval_batches == base.get_config().eval_batches  # configs/base.py's
     del stored["model"]["num_heads"]
     with pytest.raises(ConfigError, match=r"lacks model keys \['num_heads'\]"):
-        configuration.from_checkpoint(stored)
+        configdict.from_checkpoint(stored)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_a_checkpoint_from_before_the_attention_keys_keeps_float32_scores_on_xla
 
     saved = json.loads(json.dumps(base.get_config().to_dict()))
     del saved["model"]["attention_impl"], saved["model"]["float32_attention_logits"]
-    model = configuration.from_checkpoint(saved).model
+    model = configdict.from_checkpoint(saved).model
     assert (model.attention_impl, model.float32_attention_logits) == ("xla", True)
 
 
@@ -117,7 +117,7 @@ def test_the_programs_resolve_auto_for_their_mesh():
     got = {}
     for name, ici in {"fsdp": (1, 8, 1), "data": (8, 1, 1)}.items():
         c.mesh.ici.data, c.mesh.ici.fsdp, c.mesh.ici.tensor = ici
-        run = configuration.freeze(c)
+        run = configdict.freeze(c)
         mesh = sharding.create_mesh(run.mesh, jax.devices()[:8])
         got[name] = programs.build(run, mesh, run.data.vocab_size).model_cfg
     assert got["fsdp"].gather_embedding_table == "always"
@@ -128,7 +128,7 @@ def test_a_checkpoint_from_when_the_table_setting_was_a_boolean_keeps_its_lookup
     saved = json.loads(json.dumps(base.get_config().to_dict()))
     for old, now in [(True, "always"), (False, "never")]:
         saved["model"]["gather_embedding_table"] = old
-        assert configuration.from_checkpoint(saved).model.gather_embedding_table == now
+        assert configdict.from_checkpoint(saved).model.gather_embedding_table == now
     saved["model"]["gather_embedding_table"] = "sometimes"
     with pytest.raises(ConfigError, match="gather_embedding_table='sometimes' is not allowed"):
-        configuration.from_checkpoint(saved)
+        configdict.from_checkpoint(saved)

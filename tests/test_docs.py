@@ -3,7 +3,8 @@ config keys, config files and pages.
 
 What is checked, in every Markdown file:
 - `python -m maelm_jax.<name>` names a command module (a file of the package with a
-  `__main__` block); a command with verbs (`bench speed`) is given one of them;
+  `__main__` block), and `python -m maelm_jax.benchmarks.<name>` a benchmark with one; a
+  command with verbs (`bench speed`) is given one of them;
 - every `--flag` on that command's logical line (a code block's line with its backslash
   continuations, or one inline code span, which may wrap) is one of the command's flags;
 - every `--config.<key>[.<key>]`, anywhere, is a key of `configs/base.py`'s `get_config()`;
@@ -19,7 +20,8 @@ of this test's time budget. The `ast` walk finds every `flags.DEFINE_*(name, ...
 what `__main__` can define; `test_only_commands_define_flags` holds the one assumption that
 makes that complete (no other package module defines a flag). absl's own flags (`--helpfull`)
 are always allowed, and a command that calls `jax.config.config_with_absl()` also takes
-jax's `--jax_*` flags.
+jax's `--jax_*` flags. A benchmark that hands its flags to a command
+(`runpy.run_module("maelm_jax.bench")`) takes that command's.
 """
 
 import ast
@@ -45,7 +47,7 @@ ABSL_FLAGS = frozenset(
         "verbosity", "v", "stderrthreshold", "showprefixforinfo", "logger_levels",
     }
 )  # fmt: skip
-COMMAND = re.compile(r"python3? -m maelm_jax\.(\w+)")
+COMMAND = re.compile(r"python3? -m maelm_jax\.(\w+(?:\.\w+)*)")
 # A shell command ends at these; `|` only with spaces around it (`splash|xla` is one value).
 COMMAND_END = re.compile(r"`|&&|;| \| | #|\bpython3? -m ")
 CONFIG_FLAG = re.compile(r"--config\.([\w.]+)")
@@ -69,17 +71,32 @@ def is_verb_table(node: ast.AST, functions: set[str]) -> bool:
     )
 
 
+def runs_command(node: ast.AST) -> str | None:
+    """'bench' for a `runpy.run_module("maelm_jax.bench", ...)` call, else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    if node.func.attr != "run_module" or not node.args:
+        return None
+    target = node.args[0]
+    if isinstance(target, ast.Constant) and str(target.value).startswith("maelm_jax."):
+        return target.value.removeprefix("maelm_jax.")
+    return None
+
+
 @functools.cache
 def commands() -> dict[str, tuple[frozenset[str], frozenset[str]]]:
-    """{command: (its flag names, its verbs)} for every `python -m maelm_jax.<command>`."""
+    """{command: (its flag names, its verbs)} for every `python -m maelm_jax.<command>`,
+    the benchmarks' as `benchmarks.<name>`."""
     found = {}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in [*sorted(PACKAGE.glob("*.py")), *sorted((PACKAGE / "benchmarks").glob("*.py"))]:
         tree = ast.parse(path.read_text(), str(path))
         if '__name__ == "__main__"' not in path.read_text():
             continue
         names, verbs, takes_jax_flags = set(), set(), False
         defined_functions = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         for node in ast.walk(tree):
+            if (command := runs_command(node)) in found:
+                names |= found[command][0]
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 if node.func.attr == "config_with_absl":
                     takes_jax_flags = True
@@ -92,7 +109,8 @@ def commands() -> dict[str, tuple[frozenset[str], frozenset[str]]]:
                 verbs |= {k.value for k in node.keys}
         if takes_jax_flags:
             names.add("jax_*")
-        found[path.stem] = (frozenset(names | ABSL_FLAGS), frozenset(verbs))
+        module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        found[module] = (frozenset(names | ABSL_FLAGS), frozenset(verbs))
     return found
 
 
@@ -198,6 +216,9 @@ def test_every_command_flag_key_path_and_link_exists(page):
         ("`python -m maelm_jax.bench fly`", "maelm_jax.bench fly: not one of"),
         ("`python -m maelm_jax.train --config=c`", "maelm_jax.train`: no such command"),
         ("see python -m maelm_jax.nope for more", "maelm_jax.nope`: no such command"),
+        ("`python -m maelm_jax.benchmarks.nope OUT`", "maelm_jax.benchmarks.nope`: no such"),
+        ("`python -m maelm_jax.benchmarks.kernel_table --fly=1`",
+         "maelm_jax.benchmarks.kernel_table has no flag --fly"),
         ("`--config.model.no_such_key=1`", "--config.model.no_such_key: not a key"),
         ("`--config.no_such_key=1`", "--config.no_such_key: not a key"),
         ("run `configs/nope.py` first", "configs/nope.py: no such file"),
@@ -217,6 +238,8 @@ def test_good_text_reports_nothing():
         "```\npython -m maelm_jax.compile --config=configs/mae_lm_large.py \\\n"
         "  --topology=v5p-64 --json --helpfull --jax_platforms=cpu\n```\n"
         "`python -m maelm_jax.bench kernels --configs=mlm_base --steps=3`, "
+        "`python -m maelm_jax.benchmarks.kernel_table --configs=mlm_base --steps=3`, "
+        "`python3 -m maelm_jax.benchmarks.jax_speed OUT mlm=mlm_base@64x512`, "
         "`--config.mesh.ici.data=-1`, `configs/modern_{mlm,mae_lm}_base.py`, "
         "[pods](docs/pods.md#1-project-quotas-bucket), [web](https://example.com), [a](#b)"
     )
@@ -243,12 +266,12 @@ EXPORT_TABLE = "| configs (`configs/*.py`) | relative bias | exported as | heads
 def exported(name: str) -> tuple[str, str]:
     """(class, "on"/"off") that `export` gives a run of configs/<name>.py: the exporter's
     own choice of class, from the frozen config as training builds it."""
-    from maelm_jax import configuration
+    from maelm_jax.config import configdict
     from maelm_jax.hf.convert import uses_relative_bias
     from maelm_jax.hf.export import exported_class
 
     config = importlib.import_module("configs." + name.replace("/", ".")).get_config()
-    model = configuration.freeze(config).model
+    model = configdict.freeze(config).model
     bias = not model.modern and uses_relative_bias(model)
     return exported_class(config.objective, model), "on" if bias else "off"
 

@@ -7,9 +7,9 @@ import pytest
 from text_corpora import data_config, sample_corpus
 from tiny_configs import printed_by_fresh_python
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data import default_corpus, documents
 from maelm_jax.data.documents import read_documents, source_bytes
-from maelm_jax.run_config import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tiny_configs import tiny_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.model.encoder import take_rows
 from maelm_jax.step import programs, sharding
 
@@ -63,7 +63,7 @@ def test_lowered_train_step_has_no_bfloat16_scatter_of_the_table(objective, embe
     lowered text is what every backend compiles (the CPU widens bf16 scatters later).
     "compute_dtype" (TPU's "auto") keeps it, as the plain lookup has it."""
     config = tiny_config(objective, dtype="bfloat16", embedding_grad=embedding_grad)
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     mesh = sharding.create_mesh(run.mesh)
     progs = programs.build(run, mesh, 300)
     with sharding.activate(mesh, progs.rules):

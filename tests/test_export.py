@@ -14,10 +14,10 @@ from etils import epath
 from tiny_configs import REPO_ROOT
 
 from maelm_jax.checkpoints import manifest
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.hf import export
 from maelm_jax.inspection import trained_model
 from maelm_jax.model.positions.relative_bias import relative_position_buckets
-from maelm_jax.run_config import ConfigError
 
 EXPECTED_CLASS = {"mlm": "RobertaForMaskedLM", "mae_lm": "MaelmModel", "3ml_cross": "RobertaModel"}
 SAMPLE_TEXTS = (

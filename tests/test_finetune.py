@@ -18,10 +18,10 @@ from process_runs import process_env
 from tiny_configs import REPO_ROOT
 from transformers import AutoModel, AutoModelForSequenceClassification
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import classifier, search, tasks
 from maelm_jax.glue.recipe import Recipe
 from maelm_jax.hf import export
-from maelm_jax.run_config import ConfigError
 
 # Toy models run faster on one thread, and the suite's two workers share two cores.
 torch.set_num_threads(1)

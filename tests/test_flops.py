@@ -9,8 +9,8 @@ import jax
 import pytest
 from tiny_configs import run_command_on_tiny, tiny_config
 
-from maelm_jax import configuration
 from maelm_jax.aot import flops_by_method
+from maelm_jax.config import configdict
 from maelm_jax.model import flop_count
 
 needs_libtpu = pytest.mark.skipif(
@@ -28,7 +28,7 @@ MODEL = dict(hidden_size=64, mlp_dim=256, num_layers=6, seq_len=32, **NO_DROPOUT
 def rows():
     config = tiny_config(**MODEL)
     methods = ("mlm", "3ml_self", "3ml_cross")
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     return {r.method: r for r in flops_by_method.table(run, jax.devices()[:1], 0.5, methods)}
 
 
@@ -79,7 +79,7 @@ def test_blocked_attention_and_lm_head_count_the_same(rows):
     config.model.attention_query_chunk = 8
     config.model.lm_head_chunk = 4  # 16 masked slots at 50%: 4 blocks
     (blocked,) = flops_by_method.table(
-        configuration.freeze(config), jax.devices()[:1], 0.5, ("3ml_self",)
+        configdict.freeze(config), jax.devices()[:1], 0.5, ("3ml_self",)
     )
     assert blocked.xla_total == pytest.approx(rows["3ml_self"].xla_total, rel=1e-6)
 
@@ -135,7 +135,7 @@ def test_the_modern_backbone_counts_its_geglu_within_the_tolerance():
     XLA's count of the modern step stays within the tolerance of it, per method and region."""
     # Local layers blocked: 4 queries against 12 of 16 kept keys.
     modern = dict(backbone="modern", local_attention=8, local_attention_block=4)
-    run = configuration.freeze(tiny_config(**MODEL, **modern))
+    run = configdict.freeze(tiny_config(**MODEL, **modern))
     for r in flops_by_method.table(run, jax.devices()[:1], 0.5, ("3ml_cross",)):
         assert 1.0 <= r.xla_over_analytic <= 1 + flop_count.TOLERANCE, (r.method, r)
         for region in ("encoder", "decoder"):

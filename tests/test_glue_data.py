@@ -8,10 +8,10 @@ import warnings
 import numpy as np
 import pytest
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import metrics, readers
 from maelm_jax.glue.readers import Example, GlueDataError
 from maelm_jax.glue.tasks import TASKS
-from maelm_jax.run_config import ConfigError
 
 STSB_HEADER = (
     "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"

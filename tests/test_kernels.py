@@ -9,8 +9,8 @@ import types
 import pytest
 from test_bad_input import run_command
 
-from maelm_jax.kernels import summary as ks
-from maelm_jax.kernels import trace_files
+from maelm_jax.profiling import summary as ks
+from maelm_jax.profiling import trace_files
 
 STEPS, TOP = 3, 10
 

@@ -1,47 +1,64 @@
 """The package's shape: imports point down the layers, the ConfigDict stops at the commands,
-and no room grows past what a reader can scan.
+the package's top holds only the commands, no room grows past what a reader can scan, and
+no two folders of the repository share a name (a path names one place).
 
 Read from the source (`ast`), not from `sys.modules`, so a lazy import inside a function
 counts as much as one at the top of a file.
 """
 
 import ast
+import collections
+import os
 import pathlib
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "maelm_jax"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "maelm_jax"
 
-# Bottom to top; a module may import its own layer and the ones below it. `cli` is the
-# commands' shared plumbing; the others are `python -m maelm_jax.<name>` entry points.
+# Bottom to top; a module may import its own layer and the ones below it. `config.cli` is
+# the commands' shared plumbing; the others are `python -m maelm_jax.<name>` entry points.
 COMMANDS = (
     "main", "compile", "flops", "bench", "export", "analysis", "prepare_data", "finetune",
     "study",
 )  # fmt: skip
+# Rooms whose modules sit at different layers, each module a room of its own (see
+# maelm_jax/config/__init__.py): `config.run_config` under everything, `config.cli` on top.
+SPLIT_ROOMS = ("config",)
 LAYERS = (
-    ("run_config", "paths"),
+    ("config", "config.run_config", "config.paths"),
     ("hardware",),
     ("model", "data"),
-    ("configuration", "config_rules"),
+    ("config.configdict", "config.rules"),
     ("step",),  # what a train step is made of: state, update, optimizer, mesh, programs
     ("checkpoints", "aot"),  # the state on disk; the step compiled for a TPU topology
     ("inspection", "hf", "glue"),  # a checkpoint read back; HF export; GLUE on an export
-    ("training", "kernels"),  # the loop (and `bench speed`); where the loop's step spends time
+    # the loop (and `bench speed`); where the loop's step spends time (its trace window, the
+    # kernel table): the loop takes `profiling.capture`, the table times `training.step_speed`
+    ("training", "profiling"),
     ("studies",),  # the papers' comparison: pretrain, export, fine-tune, measure
-    ("cli", *COMMANDS),
+    ("config.cli", "benchmarks", *COMMANDS),  # benchmarks: `python -m maelm_jax.benchmarks.<name>`
 )
 # Rooms of one layer that must not know each other: the network never reads text files,
 # and the data pipeline never builds a model.
 APART = (("model", "data"),)
 # Where `ml_collections` (the user's config format) may be imported inside the package.
-CONFIGDICT_READERS = {"configuration", "studies", *COMMANDS}
+CONFIGDICT_READERS = {"config.configdict", "studies", *COMMANDS}
 MAX_LINES = 400
 MAX_MODULES_PER_FOLDER = 12
+# Folders that tools make in a checkout (git, the virtualenv, caches, build outputs, runs),
+# not the project's own; `*.egg-info` too.
+TOOLS_FOLDERS = {
+    ".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist",
+    "workdirs", ".whl",
+}  # fmt: skip
 
 
 def room(module: str) -> str:
-    """'maelm_jax.training.train' -> 'training'; 'maelm_jax.main' -> 'main'."""
-    return module.split(".")[1]
+    """'maelm_jax.training.train' -> 'training'; 'maelm_jax.main' -> 'main';
+    'maelm_jax.config.cli' -> 'config.cli' (a split room)."""
+    parts = module.split(".")
+    return ".".join(parts[1:3]) if parts[1] in SPLIT_ROOMS else parts[1]
 
 
 def layer(module: str) -> int:
@@ -106,7 +123,9 @@ def test_imports_point_down_the_layers_and_the_configdict_stops_at_the_commands(
     "edge,problem",
     [
         (("maelm_jax.model.attention", "maelm_jax.step.sharding"), "a layer above it"),
-        (("maelm_jax.data.tokenizer", "maelm_jax.configuration"), "a layer above it"),
+        (("maelm_jax.data.tokenizer", "maelm_jax.config.configdict"), "a layer above it"),
+        (("maelm_jax.config.run_config", "maelm_jax.config.rules"), "a layer above it"),
+        (("maelm_jax.training.train", "maelm_jax.config.cli"), "a layer above it"),
         (("maelm_jax.checkpoints.checkpointing", "maelm_jax.training.train"), "a layer above it"),
         (("maelm_jax.step.programs", "maelm_jax.checkpoints.checkpointing"), "a layer above it"),
         (("maelm_jax.inspection.fill_in", "maelm_jax.training.train"), "a layer above it"),
@@ -133,10 +152,47 @@ def test_every_module_is_in_a_layer_and_no_file_or_folder_is_too_big():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert too_long == {}, f"files over {MAX_LINES} lines: split them by responsibility"
-    for folder in [PACKAGE, *(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists())]:
+    for folder in [PACKAGE, *(p.parent for p in PACKAGE.rglob("*/__init__.py"))]:
         modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
-        # The top is the list of commands, read by name; what else sits there is counted.
-        others = [p for p in modules if folder != PACKAGE or p.stem not in COMMANDS]
-        assert len(others) <= MAX_MODULES_PER_FOLDER, f"{folder.name}/ has {len(others)}"
+        if folder != PACKAGE:  # the top is the list of commands, read by name
+            assert len(modules) <= MAX_MODULES_PER_FOLDER, f"{folder.name}/ has {len(modules)}"
         for p in modules:
             layer(module_name(p))
+
+
+def test_the_top_holds_only_the_commands():
+    """A reader of maelm_jax/ sees what can be run and nothing else: every other module
+    lives in a room (config/ holds the commands' shared plumbing)."""
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert sorted(top - set(COMMANDS)) == [], "move it into a room: the top is for commands"
+    assert sorted(set(COMMANDS) - top) == [], "COMMANDS names a module that is not there"
+    for name in COMMANDS:
+        assert '__name__ == "__main__"' in (PACKAGE / f"{name}.py").read_text(), name
+
+
+def project_folders(root: pathlib.Path) -> list[pathlib.Path]:
+    """Every folder under `root` but the tools' (TOOLS_FOLDERS, `*.egg-info`)."""
+    found = []
+    for here, names, _ in os.walk(root):
+        names[:] = sorted(
+            n for n in names if n not in TOOLS_FOLDERS and not n.endswith(".egg-info")
+        )
+        found += [pathlib.Path(here, n) for n in names]
+    return found
+
+
+def shared_names(folders: list[pathlib.Path]) -> dict[str, list[str]]:
+    """{name: its folders} for every folder name that more than one folder has."""
+    by_name = collections.defaultdict(list)
+    for folder in folders:
+        by_name[folder.name].append(str(folder))
+    return {name: paths for name, paths in sorted(by_name.items()) if len(paths) > 1}
+
+
+def test_no_two_folders_share_a_name():
+    """`kernels/` once meant both the attention kernels and a profile's kernel table: a
+    folder's name alone says which place it is."""
+    folders = [p.relative_to(REPO) for p in project_folders(REPO)]
+    assert shared_names(folders) == {}
+    planted = [*folders, pathlib.Path("maelm_jax/step/model")]
+    assert shared_names(planted) == {"model": ["maelm_jax/model", "maelm_jax/step/model"]}

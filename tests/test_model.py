@@ -22,7 +22,7 @@ from configs import (
     three_ml_self_base,
     three_ml_self_large,
 )
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 from maelm_jax.model import loss, masking
 from maelm_jax.model.masked_lm import MaskedLM, count_params, init_inputs
@@ -436,7 +436,7 @@ def expected_params(cfg, vocab=32768):
 )
 def test_paper_config_parameter_counts(config_module):
     cfg = config_module.get_config()
-    run = configuration.freeze(cfg)
+    run = configdict.freeze(cfg)
     model = MaskedLM(run.model, pad_id=PAD_ID)
     k = run.masking.num_masked
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), *init_inputs(cfg.seq_len, k))

@@ -11,7 +11,7 @@ import pytest
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.hf import export
 from maelm_jax.inspection import trained_model
 from maelm_jax.training import train
@@ -43,7 +43,7 @@ def modern_exports(tmp_path_factory):
             },
         )
         workdir = root / kind
-        train.train_and_evaluate(configuration.freeze(config), workdir)
+        train.train_and_evaluate(configdict.freeze(config), workdir)
         out[kind] = (export.export(workdir, root / f"{kind}_hf"), trained_model.load(workdir))
     return out
 

@@ -21,15 +21,14 @@ from process_runs import DEVICES_PER_PROCESS, ProcessResult, describe, run_main
 from text_corpora import sample_document, write_corpus
 from tiny_configs import run_flags, tiny_run_config
 
-from maelm_jax import configuration
 from maelm_jax.checkpoints import checkpointing, manifest
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import preparation, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.documents import _held_out, read_documents
 from maelm_jax.data.shard_writer import pack_documents
-from maelm_jax.data.workdir_cache import CACHE_DIRNAME
-from maelm_jax.run_config import RunConfig
 from maelm_jax.step import programs, sharding
 from maelm_jax.training import metric_logging, train
 
@@ -47,7 +46,7 @@ class Run:
 
     @property
     def frozen(self) -> RunConfig:
-        return configuration.freeze(self.config)
+        return configdict.freeze(self.config)
 
 
 def _config(dataset: str, **overrides):
@@ -90,7 +89,6 @@ def mapped(run, tokenizer):
     data = run.frozen.data
     directory, manifest = shards.find(data, tokenizer.fingerprint, PROCESSES)
     assert manifest["num_shards"] == preparation.shard_count(PROCESSES)
-    assert not (run.workdir / CACHE_DIRNAME).exists()  # nothing packed per workdir
     return {
         p: np.asarray(shards.open_share(directory, manifest, "train", p, PROCESSES, data)[0])
         for p in range(PROCESSES)
@@ -280,7 +278,6 @@ def test_cli_resumes_the_two_process_checkpoint_in_one_process(run, tmp_path):
     assert f"for steps {STEPS}..{STEPS + 2}:" in log
     # One process reads all 16 shards of the corpus the two prepared: nothing built again.
     assert "Reading the prepared corpus" in log and "Preparing" not in log
-    assert not (workdir / CACHE_DIRNAME).exists()
     # One train/loss row per step: steps 1..STEPS from the 2-process run, then two more.
     lines = [json.loads(x) for x in (workdir / metric_logging.METRICS_FILENAME).open()]
     steps = [row["step"] for row in lines if "train/loss" in row]
@@ -342,7 +339,7 @@ def test_input_error_on_one_process_stops_every_process(tmp_path):
     kept = [d for d in docs if not _held_out(d, 0.1)][: len(held)]
     interleaved = [doc for pair in zip(kept, held, strict=True) for doc in pair]
     config = _config(write_corpus(tmp_path / "corpus", interleaved, files=1))
-    data = configuration.freeze(config).data
+    data = configdict.freeze(config).data
     assert list(read_documents(data, "train", 1, PROCESSES)) == []
     assert list(read_documents(data, "train", 0, PROCESSES))
     results = run_main(

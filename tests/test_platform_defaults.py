@@ -11,10 +11,10 @@ import pytest
 from test_train_step import two_updates
 from tiny_configs import frozen, tiny_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import GPU_UNROLL, dropout_rng_impl_for
 from maelm_jax.model.attention import AttentionOptions
 from maelm_jax.model.positions.rotary import Window
-from maelm_jax.run_config import GPU_UNROLL, dropout_rng_impl_for
 from maelm_jax.step import programs, sharding, train_step
 
 
@@ -69,8 +69,8 @@ def test_relative_bias_grad_is_made_concrete_for_the_devices(grad, platform, wan
     model = dataclasses.replace(frozen(tiny_config())[0], relative_bias_grad=grad)
     assert model.for_platform(platform).relative_bias_grad == want
     c = tiny_config(relative_bias_grad="sum")
-    with pytest.raises(configuration.ConfigError, match=r"relative_bias_grad.*'summed'"):
-        configuration.freeze(c)
+    with pytest.raises(configdict.ConfigError, match=r"relative_bias_grad.*'summed'"):
+        configdict.freeze(c)
 
 
 @pytest.mark.parametrize(
@@ -99,18 +99,18 @@ def test_cudnn_dropout_without_cudnn_attention_is_one_error():
     model = dataclasses.replace(
         frozen(tiny_config())[0], attention_impl="xla", attention_dropout_impl="cudnn"
     )
-    with pytest.raises(configuration.ConfigError, match=r"attention_dropout_impl='cudnn'.*'xla'"):
+    with pytest.raises(configdict.ConfigError, match=r"attention_dropout_impl='cudnn'.*'xla'"):
         model.for_platform("gpu")
     c = tiny_config(attention_dropout_impl="philox")
-    with pytest.raises(configuration.ConfigError, match=r"attention_dropout_impl.*'cudnn'"):
-        configuration.freeze(c)
+    with pytest.raises(configdict.ConfigError, match=r"attention_dropout_impl.*'cudnn'"):
+        configdict.freeze(c)
 
 
 def test_a_bad_dropout_rng_impl_is_one_error_naming_the_choices():
     c = tiny_config()
     c.dropout_rng_impl = "philox"
-    with pytest.raises(configuration.ConfigError, match=r"dropout_rng_impl.*'unsafe_rbg'"):
-        configuration.freeze(c)
+    with pytest.raises(configdict.ConfigError, match=r"dropout_rng_impl.*'unsafe_rbg'"):
+        configdict.freeze(c)
 
 
 def test_a_partly_unrolled_scan_keeps_the_parameters_and_the_values():
@@ -179,7 +179,7 @@ def test_modern_base_at_32_by_1024_fits_in_40_gib_on_one_device():
     bring it to ~25 GiB."""
     c = importlib.import_module("configs.modern_mlm_base").get_config()
     c.batch_size, c.seq_len = 32, 1024
-    run = configuration.freeze(c)
+    run = configdict.freeze(c)
     mesh = sharding.create_mesh(run.mesh, jax.devices()[:1])
     progs = programs.build(run, mesh, run.data.vocab_size)
     with sharding.activate(mesh, progs.rules):

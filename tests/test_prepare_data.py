@@ -18,12 +18,13 @@ import pytest
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, tiny_run_config
 
-from maelm_jax import configuration, prepare_data
+from maelm_jax import prepare_data
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data import preparation, prepared, shards
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
-from maelm_jax.run_config import ConfigError
 from maelm_jax.training import metric_logging, train
 
 VOCAB = 400  # python_docs needs more than 344 pieces (bytes, specials, its characters)
@@ -45,7 +46,7 @@ def _files(directory) -> dict[str, int]:
 
 
 def data_config(config):
-    return configuration.freeze(config).data
+    return configdict.freeze(config).data
 
 
 def _check_statistics(report: dict, config) -> None:
@@ -138,7 +139,7 @@ def test_training_on_prepared_data_through_file_urls_builds_nothing(corpus, tmp_
     config = tiny_run_config(
         corpus, data_dir=f"file://{data_dir}", checkpoint_every_steps=1, **overrides
     )
-    train.train_and_evaluate(configuration.freeze(config), f"file://{workdir}")
+    train.train_and_evaluate(configdict.freeze(config), f"file://{workdir}")
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("Using the prepared tokenizer") for m in messages)
     assert not any(m.startswith("Trained a") for m in messages)  # no tokenizer training

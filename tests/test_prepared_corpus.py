@@ -1,28 +1,26 @@
 """A corpus prepared once: read by two methods without tokenizing, replayed exactly on
 resume, held in memory by the batch rather than by the corpus, refused in one line when a
-shard is missing or corrupt, and not switched to under a workdir that began on the old
-per-workdir cache; `bench input`'s measurements."""
+shard is missing or corrupt; a workdir that began on the old per-workdir cache refused in
+one line, untouched; `bench input`'s measurements."""
 
-import dataclasses
+import pathlib
 import shutil
 import sys
 import tracemalloc
-import types
 
 import numpy as np
 import pytest
 import run_helpers as rh
-import text_corpora
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax import configuration
-from maelm_jax.data import input_speed, preparation, prepared, shards, workdir_cache
+from configs import default
+from maelm_jax.checkpoints import workdir_lease
+from maelm_jax.config import configdict
+from maelm_jax.data import input_speed, preparation, prepared, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches
-from maelm_jax.data.documents import read_documents
 from maelm_jax.data.input_pipeline import create_datasets
-from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.data.tokenizer import Tokenizer
 
 NUM_SHARDS = 4
@@ -32,7 +30,7 @@ RUN = dict(num_train_steps=4, checkpoint_every_steps=2, eval_batches=0)
 def _prepare(root, docs: int, **overrides) -> dict:
     corpus = write_corpus(root / "corpus", [sample_document(i) for i in range(docs)])
     config = tiny_run_config(corpus, data_dir=str(root / "data"), **RUN, **overrides)
-    report = preparation.prepare(configuration.freeze(config).data, NUM_SHARDS, workers=1)
+    report = preparation.prepare(configdict.freeze(config).data, NUM_SHARDS, workers=1)
     return {"config": config, "report": report}
 
 
@@ -70,15 +68,14 @@ def test_two_methods_train_on_it_without_tokenizing_and_resume_replays_exactly(
     assert rh.good_steps(workdir)[-1] == 2
     rerun = rh.train_in_process(config, workdir)
     assert rerun == {s: expected[s] for s in (3, 4)}
-    assert not (tmp_path / "mae_lm" / "data_cache").exists()
 
 
-def test_mapped_shards_replay_every_batch(ready, tmp_path, no_tokenizing):
+def test_mapped_shards_replay_every_batch(ready, no_tokenizing):
     """Two openings (a resumed run's is the second) give identical batches, equal to the
     same blocks held in memory; every train shard is a map, not a copy."""
-    data = configuration.freeze(ready["config"]).data
+    data = configdict.freeze(ready["config"]).data
     tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
-    first, again = (create_datasets(data, tmp_path, tokenizer, 1, 2) for _ in range(2))
+    first, again = (create_datasets(data, tokenizer, 1, 2) for _ in range(2))
     assert all(isinstance(a, np.memmap) for a in first.train.blocks.arrays)
     assert first.train.blocks.dtype == np.uint16
     in_memory = np.asarray(first.train.blocks)
@@ -92,11 +89,11 @@ def test_mapped_shards_replay_every_batch(ready, tmp_path, no_tokenizing):
     assert first.train.state(51) == again.train.state(51)
 
 
-def _peak_bytes(config, root) -> int:
+def _peak_bytes(config) -> int:
     tokenizer = Tokenizer.from_path(prepared.tokenizer_path(config))
     tracemalloc.start()
     try:
-        data = create_datasets(config, root / "work", tokenizer, 0, 1)
+        data = create_datasets(config, tokenizer, 0, 1)
         for step in range(8):
             data.train.batch(step)
         return tracemalloc.get_traced_memory()[1]
@@ -113,10 +110,7 @@ def test_memory_does_not_grow_with_a_ten_times_larger_corpus(tmp_path):
     block_bytes = 128 * 4
     blocks = [r["report"]["blocks"] for r in runs]
     assert blocks[1] > 9 * blocks[0] > 90
-    held = [
-        _peak_bytes(configuration.freeze(r["config"]).data, tmp_path / str(i)) / block_bytes
-        for i, r in enumerate(runs)
-    ]
+    held = [_peak_bytes(configdict.freeze(r["config"]).data) / block_bytes for r in runs]
     # A copy of the share would add blocks[1] - blocks[0] (half that in uint16); hashing
     # holds one 1 MiB buffer, which a shard under 1 MiB may not fill (and a gfile-backed
     # path, once tensorflow is imported, reads in 1 MiB chunks).
@@ -131,7 +125,7 @@ def _break(ready, tmp_path, how: str):
     shutil.copytree(ready["config"].data_dir, data_dir)
     config = ready["config"].copy_and_resolve_references()
     config.data_dir = str(data_dir)
-    directory = prepared.blocks_directory(configuration.freeze(config).data, NUM_SHARDS)
+    directory = prepared.blocks_directory(configdict.freeze(config).data, NUM_SHARDS)
     entry = shards.read_manifest(directory)["splits"]["train"][2]
     path = directory / entry["file"]
     if how == "missing":
@@ -165,49 +159,33 @@ def test_a_missing_or_corrupt_shard_stops_the_run_in_one_line(ready, tmp_path):
         assert rh.checksums(tmp_path / how / "data") == before
 
 
-def _old_cache(data, workdir, tokenizer, split_kind, max_blocks=None):
-    """What versions up to 1dc78f0 wrote for process 0 of 1: its packed share of a split."""
-    docs = list(read_documents(data, split_kind, 0, 1))
-    blocks = pack_documents(tokenizer.encode_batch(docs), data.seq_len, max_blocks)
-    path = workdir_cache.cache_path(data, workdir, tokenizer, split_kind, 0, 1, max_blocks)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, blocks)
-    return blocks
+def _snapshot(root: pathlib.Path) -> tuple[dict, dict]:
+    """Every file's digest and every folder's mtime under `root`: what "untouched" compares
+    (a file made and deleted again, such as a lease, still moves its folder's mtime)."""
+    folders = [root, *(p for p in root.rglob("*") if p.is_dir())]
+    return rh.checksums(root), {str(p): p.stat().st_mtime_ns for p in folders}
 
 
-def test_the_old_cache_keeps_its_name_so_old_workdirs_find_it():
-    """The names 1dc78f0's `packing._cache_path` gave these keys (computed with that code)."""
-    data = text_corpora.data_config("text:/corpus/*.txt")
-    tokenizer = types.SimpleNamespace(fingerprint="0" * 64)
-    assert workdir_cache.cache_path(data, "/w", tokenizer, "train", 1, 2).name == (
-        "text_corpus_.txt-train-1of2-815dc85b8db97841.npy"
-    )
-    assert workdir_cache.cache_path(data, "/w", tokenizer, "eval", 1, 2, 8).name == (
-        "text_corpus_.txt-eval-1of2-bd7cf44d45d23ef0.npy"
-    )
-
-
-def test_a_workdir_that_began_on_its_own_cache_keeps_it(ready, tmp_path):
-    """A run started on the old per-workdir cache resumes on the blocks it began with, so its
-    batches replay; a new workdir maps the shards."""
-    data = dataclasses.replace(configuration.freeze(ready["config"]).data, eval_batches=2)
-    tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
-    rows = data.eval_batches * data.batch_size
-    train = _old_cache(data, tmp_path / "old", tokenizer, "train")
-    evals = _old_cache(data, tmp_path / "old", tokenizer, "eval", rows)
-    resumed = create_datasets(data, tmp_path / "old", tokenizer, 0, 1)
-    np.testing.assert_array_equal(resumed.train.blocks, train)
-    for step in (0, 7):
-        np.testing.assert_array_equal(
-            resumed.train.batch(step),
-            TrainBatches(train, data.batch_size, data.seed, 0).batch(step),
-        )
-    np.testing.assert_array_equal(np.concatenate(resumed.eval)[: len(evals)], evals)
-    workdir_cache.cache_path(data, tmp_path / "old", tokenizer, "eval", 0, 1, rows).unlink()
-    repacked = create_datasets(data, tmp_path / "old", tokenizer, 0, 1)  # eval packed again
-    np.testing.assert_array_equal(np.concatenate(repacked.eval)[: len(evals)], evals)
-    assert isinstance(create_datasets(data, tmp_path / "new", tokenizer, 0, 1).train.blocks,
-                      shards.ShardedBlocks)  # fmt: skip
+def test_a_workdir_on_the_old_per_workdir_cache_is_refused_in_one_line_untouched(tmp_path):
+    """Versions before 2026-11-26 trained on WORKDIR/data_cache/, which nothing reads now:
+    resuming such a run on the prepared corpus would change its batches unseen, so the real
+    command stops before it writes anything, naming the folder and the two ways on."""
+    workdir = tmp_path / "old"
+    cache = workdir / workdir_lease.OLD_DATA_CACHE
+    cache.mkdir(parents=True)
+    # A name and content as those versions wrote them (process 0 of 1's train blocks).
+    blocks = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
+    np.save(cache / "text_corpus_.txt-train-0of1-815dc85b8db97841.npy", blocks)
+    (workdir / tokenizer_lib.MODEL_FILENAME).write_bytes(b"the old run's tokenizer")
+    before = _snapshot(workdir)
+    status, output = rh.run(default.get_config(), workdir, timeout=120)
+    assert status == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert output.count("maelm_jax: error:") == 1, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith(f"maelm_jax: error: {cache} is the per-workdir data cache"), last
+    assert "give a new --workdir" in last and f"delete {cache} to resume" in last, last
+    assert _snapshot(workdir) == before
 
 
 def test_bench_input_measures_the_child_alone(ready, tmp_path):
@@ -222,8 +200,8 @@ def test_bench_input_measures_the_child_alone(ready, tmp_path):
     )
     assert small["returncode"] == big["returncode"] == 0
     assert 0 < small["peak_rss_mb"] < 100 < 300 < big["peak_rss_mb"] < 400
-    data = configuration.freeze(ready["config"]).data
+    data = configdict.freeze(ready["config"]).data
     tokenizer = Tokenizer.from_path(ready["report"]["tokenizer"])
-    rate = input_speed.delivered_tokens_per_s(data, tokenizer, tmp_path, rows=64, steps=5)
+    rate = input_speed.delivered_tokens_per_s(data, tokenizer, rows=64, steps=5)
     assert rate["tokens_per_sec"] > 0 and rate["rows"] == 64
     assert rate["train_blocks"] == ready["report"]["blocks"]

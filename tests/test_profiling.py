@@ -11,10 +11,11 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.model import flop_count
-from maelm_jax.training import metric_logging, profiling, telemetry, train
+from maelm_jax.profiling import capture
+from maelm_jax.training import metric_logging, telemetry, train
 
 REGIONS = ("encoder", "decoder", "lm_head", "loss", "optimizer")
 START, NUM = 3, 2
@@ -34,7 +35,7 @@ def profiled_run(tmp_path_factory):
         profile_num_steps=NUM,
         peak_flops_per_device=1e12,
     )
-    train.train_and_evaluate(configuration.freeze(config), workdir)
+    train.train_and_evaluate(configdict.freeze(config), workdir)
     return config, workdir
 
 
@@ -90,7 +91,7 @@ def test_metrics_carry_model_flops_and_mfu(profiled_run):
     last = rows[-1]
     c = config.copy_and_resolve_references()
     c.vocab_size = Tokenizer.from_path(epath.Path(workdir) / "tokenizer.model").vocab_size
-    c = configuration.freeze(c)
+    c = configdict.freeze(c)
     tflops_per_token = last["model_tflops_per_sec"] / last["tokens_per_sec"]
     flops_per_token = flop_count.step_flops(c, flop_count.num_params(c)) / (
         c.batch_size * c.seq_len
@@ -115,7 +116,7 @@ def test_no_window_no_trace_even_at_the_default_start_step(monkeypatch, tmp_path
     """profile_num_steps=0 (the default) writes no trace, also at profile_start_step."""
     started = []
     monkeypatch.setattr("jax.profiler.start_trace", started.append)
-    window = profiling.ProfileWindow(tmp_path, start=10, num_steps=0, first_step=0)
+    window = capture.ProfileWindow(tmp_path, start=10, num_steps=0, first_step=0)
     for done in range(1, 20):
         window(done)
     window.close()

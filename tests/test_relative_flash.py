@@ -16,7 +16,7 @@ from test_model import PAD_ID, build, grad_fn
 from test_model import assert_trees_close as trees_close
 from tiny_configs import frozen, tiny_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.model.attention import AttentionOptions, attend
 from maelm_jax.model.kernels import relative_flash
 from maelm_jax.model.masked_lm import MaskedLM
@@ -157,12 +157,12 @@ def test_relative_bias_impl_is_made_concrete_for_the_devices(setting, platform, 
     if setting == "auto":
         assert cfg.for_platform("tpu").relative_bias_impl == "dense"
     else:
-        with pytest.raises(configuration.ConfigError, match=r"relative_bias_impl='triton'.*tpu"):
+        with pytest.raises(configdict.ConfigError, match=r"relative_bias_impl='triton'.*tpu"):
             cfg.for_platform("tpu")
-    with pytest.raises(configuration.ConfigError, match=r"relative_bias_impl.*'triton'"):
+    with pytest.raises(configdict.ConfigError, match=r"relative_bias_impl.*'triton'"):
         frozen(tiny_config(relative_bias_impl="pallas"))
     odd = frozen(tiny_config(relative_attention_buckets=24, relative_bias_impl="triton"))[0]
-    with pytest.raises(configuration.ConfigError, match=r"relative_attention_buckets=24"):
+    with pytest.raises(configdict.ConfigError, match=r"relative_attention_buckets=24"):
         odd.for_platform(platform)
 
 

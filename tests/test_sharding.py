@@ -9,11 +9,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from tiny_configs import tiny_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID
 from maelm_jax.model import logical_axes
 from maelm_jax.model.encoder import TokenEmbedding
-from maelm_jax.run_config import ConfigError
 from maelm_jax.step import programs, sharding
 
 VOCAB = 300
@@ -39,8 +39,8 @@ def batch_rows(seed=0):
 
 def one_step(config, devices):
     """(loss, updated params as numpy) after one train step on `devices`."""
-    mesh = sharding.create_mesh(configuration.freeze(config).mesh, devices=devices)
-    progs = programs.build(configuration.freeze(config), mesh, VOCAB)
+    mesh = sharding.create_mesh(configdict.freeze(config).mesh, devices=devices)
+    progs = programs.build(configdict.freeze(config), mesh, VOCAB)
     state = progs.initialize(jax.random.PRNGKey(0))
     with sharding.activate(mesh, progs.rules):
         state, metrics = progs.train_step(state, progs.global_batch(batch_rows()))
@@ -70,8 +70,8 @@ def test_every_mesh_matches_one_device(objective, decoder):
 
 def test_parameters_are_sharded_as_the_rules_say():
     config = config_for("mae_lm", "self", (2, 2, 2))
-    mesh = sharding.create_mesh(configuration.freeze(config).mesh)
-    progs = programs.build(configuration.freeze(config), mesh, VOCAB)
+    mesh = sharding.create_mesh(configdict.freeze(config).mesh)
+    progs = programs.build(configdict.freeze(config), mesh, VOCAB)
     state = progs.initialize(jax.random.PRNGKey(0))
     params = state.params
     assert params["token_embed"]["embedding"].sharding.spec == P("tensor", "fsdp")
@@ -91,29 +91,29 @@ def test_parameters_are_sharded_as_the_rules_say():
 
 def test_batch_rows_split_over_data_and_fsdp():
     config = config_for("mlm", "self", (2, 2, 2))
-    mesh = sharding.create_mesh(configuration.freeze(config).mesh)
-    progs = programs.build(configuration.freeze(config), mesh, VOCAB)
+    mesh = sharding.create_mesh(configdict.freeze(config).mesh)
+    progs = programs.build(configdict.freeze(config), mesh, VOCAB)
     batch = progs.global_batch(batch_rows())["input_ids"]
     assert batch.sharding.spec == P(("data", "fsdp"))
     assert {s.data.shape for s in batch.addressable_shards} == {(2, 32)}
 
 
 def build(config):
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     return programs.build(run, sharding.create_mesh(run.mesh), VOCAB)
 
 
 def test_mesh_product_must_match_devices():
     config = config_for("mlm", "self", (2, 2, 1))
     with pytest.raises(ConfigError, match=r"mesh.ici=\(data=2, fsdp=2, tensor=1\) uses 4"):
-        sharding.create_mesh(configuration.freeze(config).mesh)
+        sharding.create_mesh(configdict.freeze(config).mesh)
 
 
 def test_mesh_with_two_fill_axes():
     config = config_for("mlm", "self")
     config.mesh.ici = dict(data=-1, fsdp=-1, tensor=1)
     with pytest.raises(ConfigError, match="at most one -1"):
-        sharding.create_mesh(configuration.freeze(config).mesh)
+        sharding.create_mesh(configdict.freeze(config).mesh)
 
 
 def test_batch_must_split_over_batch_shards():
@@ -139,11 +139,11 @@ def test_mlp_must_split_over_tensor():
 def test_vocab_must_split_over_tensor():
     config = config_for("mlm", "self", (2, 1, 3))
     config.model.hidden_size, config.model.num_heads, config.model.mlp_dim = 48, 6, 96
-    mesh = sharding.create_mesh(configuration.freeze(config).mesh, devices=jax.devices()[:6])
+    mesh = sharding.create_mesh(configdict.freeze(config).mesh, devices=jax.devices()[:6])
     with pytest.raises(
         ConfigError, match=r"padded vocab size = 512 is not divisible by mesh tensor=3"
     ):
-        programs.build(configuration.freeze(config), mesh, 500)
+        programs.build(configdict.freeze(config), mesh, 500)
 
 
 def test_logical_axis_without_rule():
@@ -175,8 +175,8 @@ def test_token_lookup_gathers_the_table_or_every_token_as_configured(gather_tabl
     rows; without, every device gathers every token (its slice of the embedding) and an
     all-to-all moves the vectors back to batch shards."""
     config = config_for("mlm", "self", (1, 8, 1))
-    mesh = sharding.create_mesh(configuration.freeze(config).mesh)
-    rules = programs.build(configuration.freeze(config), mesh, VOCAB).rules
+    mesh = sharding.create_mesh(configdict.freeze(config).mesh)
+    rules = programs.build(configdict.freeze(config), mesh, VOCAB).rules
     vocab, width = 384, 64
     embed = TokenEmbedding(vocab, width, dtype=jnp.bfloat16, gather_table=gather_table)
     rng = np.random.default_rng(0)

@@ -7,11 +7,11 @@ import pytest
 import sentencepiece as spm
 
 from configs import default
-from maelm_jax import configuration
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data import prepared
 from maelm_jax.data import tokenizer as tok
 from maelm_jax.data.input_pipeline import load_tokenizer
-from maelm_jax.run_config import ConfigError
 
 TEXTS = [
     "The river runs past the old mill and under the stone bridge.",
@@ -35,7 +35,7 @@ def model() -> bytes:
 
 def data(config):
     """The run's DataConfig, as `train_and_evaluate` hands it to the tokenizer."""
-    return configuration.freeze(config).data
+    return configdict.freeze(config).data
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, printed_by_fresh_python, run_flags, tiny_run_config
 
 from configs import default
-from maelm_jax import configuration
 from maelm_jax.checkpoints import manifest
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data import input_pipeline
-from maelm_jax.run_config import ConfigError
 from maelm_jax.training import metric_logging, train
 
 
@@ -32,7 +32,7 @@ def two_runs(corpus, tmp_path_factory):
     runs = []
     for name in ("first", "second"):
         workdir = tmp_path_factory.mktemp(name)
-        train.train_and_evaluate(configuration.freeze(tiny_run_config(corpus)), workdir)
+        train.train_and_evaluate(configdict.freeze(tiny_run_config(corpus)), workdir)
         runs.append((workdir, metric_logging.read_metrics(workdir)))
     return runs
 
@@ -99,7 +99,7 @@ def test_the_demo_recipe_reads_context_on_a_small_variant(corpus, tmp_path):
     c.num_train_steps, c.eval_every_steps, c.log_every_steps = 120, 40, 40
     c.checkpoint_every_steps, c.eval_batches = 120, 2
     c.batch_size, c.model.hidden_size, c.model.mlp_dim = 16, 64, 128
-    train.train_and_evaluate(configuration.freeze(c), tmp_path)
+    train.train_and_evaluate(configdict.freeze(c), tmp_path)
     metrics = metric_logging.read_metrics(tmp_path)
     evals = [metrics[s]["eval/loss"] for s in (40, 80, 120)]
     baseline = metrics[120]["eval/unigram_loss"]
@@ -170,13 +170,13 @@ def test_cli_trains_the_default_config(tmp_path):
 def test_bad_config_values_are_named(corpus, tmp_path, overrides, named):
     config = tiny_run_config(corpus, **overrides)
     with pytest.raises(ConfigError, match="^" + named.replace("(", r"\(").replace(".", r"\.")):
-        train.train_and_evaluate(configuration.freeze(config), tmp_path)
+        train.train_and_evaluate(configdict.freeze(config), tmp_path)
 
 
 def test_text_glob_matching_nothing(tmp_path):
     with pytest.raises(ConfigError, match="matches no file"):
         train.train_and_evaluate(
-            configuration.freeze(tiny_run_config(f"text:{tmp_path}/none/*.txt")), tmp_path
+            configdict.freeze(tiny_run_config(f"text:{tmp_path}/none/*.txt")), tmp_path
         )
 
 
@@ -185,13 +185,13 @@ def test_empty_corpus(tmp_path):
     dataset = f"text:{tmp_path}/*.txt"
     what = f"dataset={dataset!r}: its 1 file(s) hold only whitespace or nothing; give UTF-8"
     with pytest.raises(ConfigError, match=re.escape(what)):
-        train.train_and_evaluate(configuration.freeze(tiny_run_config(dataset)), tmp_path / "run")
+        train.train_and_evaluate(configdict.freeze(tiny_run_config(dataset)), tmp_path / "run")
 
 
 def test_batch_not_divisible_by_process_count(corpus):
     config = tiny_run_config(corpus, batch_size=8)
     with pytest.raises(ConfigError, match="batch_size=8 is not divisible by the process count 3"):
-        input_pipeline.local_batch_size(configuration.freeze(config).data, 3)
+        input_pipeline.local_batch_size(configdict.freeze(config).data, 3)
 
 
 def test_cli_reports_bad_input_in_one_line_and_fails(corpus, tmp_path):

@@ -5,14 +5,14 @@ import numpy as np
 from test_sharding import batch_rows
 from tiny_configs import tiny_config
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.step import optimizer, programs, sharding
 
 
 def two_updates(config):
     """(metrics of the second step, params before, params after): step 0 has learning
     rate 0 (warmup starts there), step 1 moves the weights."""
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     mesh = sharding.create_mesh(run.mesh)
     progs = programs.build(run, mesh, 300)
     state = progs.initialize(jax.random.PRNGKey(0))
@@ -47,14 +47,14 @@ def test_accumulating_micro_batches_gives_the_same_update():
 def test_learning_rate_warms_up_then_decays_to_zero():
     config = tiny_config()
     config.learning_rate, config.warmup_steps, config.num_train_steps = 1e-3, 10, 110
-    schedule = optimizer.learning_rate_schedule(configuration.freeze(config).optimizer)
+    schedule = optimizer.learning_rate_schedule(configdict.freeze(config).optimizer)
     lr = [float(schedule(s)) for s in (0, 5, 10, 60, 110)]
     np.testing.assert_allclose(lr, [0.0, 5e-4, 1e-3, 5e-4, 0.0], atol=1e-9)
 
 
 def test_weight_decay_skips_biases_and_layer_norms():
     config = tiny_config()
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     progs = programs.build(run, sharding.create_mesh(run.mesh), 300)
     mask = optimizer.decay_mask(progs.abstract_state().params)
     flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(mask)}

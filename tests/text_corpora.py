@@ -6,7 +6,7 @@ Shared by the document and create_datasets tests; the fixtures stay in the test 
 import numpy as np
 
 from configs import default
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 
 NOUNS = ("river", "stone", "garden", "window", "letter", "morning", "harbor", "lantern", "road")
 ADJECTIVES = ("quiet", "old", "narrow", "silver", "bright", "distant", "gentle", "cold", "green")
@@ -52,4 +52,4 @@ def data_config(dataset, **overrides):
     c.eval_holdout_fraction = 0.25
     for key, value in overrides.items():
         c[key] = value
-    return configuration.freeze(c).data
+    return configdict.freeze(c).data

@@ -8,7 +8,7 @@ import sys
 import ml_collections
 
 from configs import default
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.step import programs
 
 VOCAB = 300
@@ -42,7 +42,7 @@ def tiny_config(objective="mae_lm", decoder="self", seq_len=32, **model_override
 def frozen(c, vocab=VOCAB):
     """(ModelConfig, MaskingConfig) for a tiny config with the project's special ids, as
     training builds them."""
-    model, masking = programs.model_and_masking(configuration.freeze(c), vocab)
+    model, masking = programs.model_and_masking(configdict.freeze(c), vocab)
     return model.config, masking
 
 

@@ -18,9 +18,9 @@ from maelm_jax.aot.memory import memory_of
 from maelm_jax.aot.report import Report
 from maelm_jax.aot.step_time import Unavailable, estimate
 from maelm_jax.aot.topology import topology_devices
+from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.hardware import tpu_chips
 from maelm_jax.model import flop_count
-from maelm_jax.run_config import ConfigError, RunConfig
 
 FLOPS_MODES = ("analytic", "unrolled", "skip")
 EFFORTS = ("fast", "full")

@@ -9,8 +9,8 @@ import time
 
 import jax
 
-from maelm_jax import configuration
-from maelm_jax.run_config import RunConfig
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.step import programs, sharding
 
 FAST = {"exec_time_optimization_effort": -1.0}  # XLA's range is [-1, 1]; 0 is training's
@@ -83,7 +83,7 @@ def counting_config(run: RunConfig) -> RunConfig:
     LM-head slot blocks): one micro-batch. `maelm_jax.flops` counts from it too. Attention
     takes the XLA path: XLA counts nothing inside a kernel (splash, cuDNN), neither FLOPs
     nor time, so a kernel's work would vanish from both clocks."""
-    return configuration.override(
+    return configdict.override(
         run,
         {
             "model.scan_layers": False,

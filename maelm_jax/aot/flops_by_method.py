@@ -31,11 +31,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from maelm_jax import configuration
 from maelm_jax.aot import compile_step as aot
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.model import flop_count, loss
 from maelm_jax.model.masked_lm import init_inputs
-from maelm_jax.run_config import ConfigError, RunConfig
 from maelm_jax.step import optimizer, programs
 
 # method -> (objective, mask_rate, decoder, decoder layers, relative position buckets):
@@ -55,7 +55,7 @@ def method_config(run: RunConfig, method: str, mask_rate: float | None) -> RunCo
     objective, rate, decoder, layers, buckets = METHODS[method]
     if run.model.modern:
         buckets = 0  # rotary positions: the modern backbone has no relative bias
-    return configuration.override(
+    return configdict.override(
         aot.counting_config(run),
         {
             "objective": objective,

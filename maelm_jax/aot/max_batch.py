@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from maelm_jax import configuration
 from maelm_jax.aot.compile_step import compile_step
 from maelm_jax.aot.memory import memory_of
-from maelm_jax.run_config import RunConfig
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.step import sharding
 
 
@@ -55,7 +55,7 @@ def max_batch(run: RunConfig, devices: list, hbm: int, known: tuple | None = Non
     def fits(units: int) -> bool:
         if units not in probes:
             compiled, oom, _, _ = compile_step(
-                configuration.override(run, {"batch_size": units * unit}), devices
+                configdict.override(run, {"batch_size": units * unit}), devices
             )
             _, needed = memory_of(compiled, oom)
             probes[units] = (units * unit, compiled is not None and needed <= hbm, needed)

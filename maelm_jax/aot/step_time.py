@@ -26,7 +26,6 @@ import concurrent.futures
 import dataclasses
 import time
 
-from maelm_jax import configuration
 from maelm_jax.aot.compile_step import (
     FAST,
     NO_WINDOWED_EINSUM,
@@ -35,7 +34,8 @@ from maelm_jax.aot.compile_step import (
     counting_config,
     estimated_seconds,
 )
-from maelm_jax.run_config import RunConfig
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import RunConfig
 
 OPTIONS = FAST | NO_WINDOWED_EINSUM  # windowed einsums are loops too
 
@@ -57,7 +57,7 @@ def shallow(run: RunConfig, encoder_layers: int, decoder_layers: int) -> RunConf
     changes = {"model.num_layers": encoder_layers}
     if run.model.num_decoder_layers:
         changes["model.num_decoder_layers"] = decoder_layers
-    return configuration.override(counting_config(run), changes)
+    return configdict.override(counting_config(run), changes)
 
 
 class Unavailable(Exception):

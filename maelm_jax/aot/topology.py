@@ -6,8 +6,8 @@ import os
 import jax
 from jax.experimental import topologies
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.hardware import tpu_chips
-from maelm_jax.run_config import ConfigError
 
 # libtpu without a TPU: no metadata server to ask, no peers, and no lock on the library
 # (another process, e.g. a test run, may hold it).

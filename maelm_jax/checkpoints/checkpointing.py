@@ -40,9 +40,9 @@ from maelm_jax.checkpoints.manifest import (
 )
 from maelm_jax.checkpoints.params import check_params_match, check_same_tokenizer
 from maelm_jax.checkpoints.save_errors import CheckpointSaveError, NonFiniteStateError
+from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.hardware import multihost
-from maelm_jax.run_config import ConfigError, RunConfig
 from maelm_jax.step.train_state import TrainState
 
 _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"

@@ -12,7 +12,7 @@ import os
 
 from etils import epath
 
-from maelm_jax import paths
+from maelm_jax.config import paths
 
 CHECKPOINT_DIRNAME = "checkpoints"
 MANIFEST = "maelm_manifest.json"

@@ -9,7 +9,7 @@ from absl import logging
 from etils import epath
 
 from maelm_jax.checkpoints.manifest import CHECKPOINT_DIRNAME, absolute, problem_with
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 
 def check_same_tokenizer(saved: dict, fingerprint: str, where: str) -> None:

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 
 from maelm_jax.checkpoints import checkpointing, manifest
 from maelm_jax.checkpoints import integrity as checkpoint_integrity
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.model.masked_lm import count_params
-from maelm_jax.run_config import RunConfig
 from maelm_jax.step import programs, sharding
 
 

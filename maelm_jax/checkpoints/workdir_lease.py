@@ -37,12 +37,15 @@ import uuid
 from absl import logging
 from etils import epath
 
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 LEASE_FILENAME = "maelm_lease.json"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0
 TAKEOVER_SECONDS = 10.0  # a takeover holds its lock for milliseconds
+# Where versions before 2026-11-26 packed each process's share of the corpus and trained on
+# it; nothing reads or writes it any more (a run maps the corpus prepared once).
+OLD_DATA_CACHE = "data_cache"
 
 
 class WorkdirBusyError(ConfigError):
@@ -250,10 +253,12 @@ def acquire(
 
 
 def check_workdir(workdir) -> None:
-    """ConfigError unless `workdir` is (or can be made) a directory this run can write."""
+    """ConfigError unless `workdir` is (or can be made) a directory this run can write and
+    resume in; a workdir refused is left as it was."""
     path = epath.Path(workdir)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"workdir={os.fspath(workdir)!r} is a file; give a directory")
+    _refuse_old_data_cache(path)
     probe = path / f".maelm_write_probe.{uuid.uuid4().hex}"
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -263,3 +268,17 @@ def check_workdir(workdir) -> None:
         raise ConfigError(
             f"workdir={os.fspath(workdir)!r} is not a writable directory ({e.strerror or e})"
         ) from None
+
+
+def _refuse_old_data_cache(workdir: epath.Path) -> None:
+    """A workdir begun by a version before 2026-11-26 trained on its own data cache, which
+    this version cannot read: resuming there on the prepared corpus would quietly change
+    its batches, so the run stops and says what to do (deleting the cache accepts that)."""
+    cache = workdir / OLD_DATA_CACHE
+    if cache.exists():
+        raise ConfigError(
+            f"{os.fspath(cache)} is the per-workdir data cache of a version before "
+            f"2026-11-26, which this version no longer reads: give a new --workdir, or delete "
+            f"{os.fspath(cache)} to resume this run on the prepared corpus (its batches will "
+            "differ from those it began with)"
+        )

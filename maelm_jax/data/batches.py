@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data.tokenizer import PAD_ID
-from maelm_jax.run_config import ConfigError
 
 
 class Prefetcher:

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
 
+from maelm_jax.config.run_config import ConfigError, DataConfig
 from maelm_jax.data import default_corpus
-from maelm_jax.run_config import ConfigError, DataConfig
 
 TEXT_PREFIX = "text:"
 SPLIT_KINDS = ("train", "eval")

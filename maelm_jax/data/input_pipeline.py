@@ -7,8 +7,7 @@ process's shards of the corpus packed with it, memory-mapped. When the corpus ha
 prepared (`python -m maelm_jax.prepare_data`), the run prepares it first, once, into the
 same place (`preparation`), so the next run, of any method or size, starts at once. The
 blocks are served as step-addressed batches (`batches`), so a resumed run replays exactly
-the batches an uninterrupted run would have seen. A workdir begun by an older version on its
-own cache keeps that cache (`workdir_cache.legacy_blocks`).
+the batches an uninterrupted run would have seen.
 """
 
 import dataclasses
@@ -19,14 +18,14 @@ import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax import paths
-from maelm_jax.data import prepared, shards, workdir_cache
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import ConfigError, DataConfig
+from maelm_jax.data import prepared, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.data.batches import TrainBatches, eval_batches
 from maelm_jax.data.preparation import prepare_blocks, prepare_tokenizer, shard_count
 from maelm_jax.data.tokenizer import PAD_ID, Tokenizer
 from maelm_jax.hardware import multihost
-from maelm_jax.run_config import ConfigError, DataConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,15 +129,11 @@ def _shard_blocks(config, tokenizer, process_index: int, process_count: int, row
 
 
 def create_datasets(
-    config: DataConfig,
-    workdir: str | os.PathLike,
-    tokenizer: Tokenizer,
-    process_index: int,
-    process_count: int,
+    config: DataConfig, tokenizer: Tokenizer, process_index: int, process_count: int
 ) -> Datasets:
     """This process's train and eval batches from its shards of the corpus packed with
-    `tokenizer`, prepared first if they are not yet (or from the workdir's old cache).
-    Collective: every process calls it (it may prepare the corpus)."""
+    `tokenizer`, prepared first if they are not yet. Collective: every process calls it (it
+    may prepare the corpus)."""
     batch_size = local_batch_size(config, process_count)
     if not config.eval_split and config.eval_batches > 0 and config.eval_holdout_fraction <= 0:
         raise ConfigError(
@@ -146,21 +141,9 @@ def create_datasets(
             "no eval documents; set a fraction in (0, 1), an eval_split, or eval_batches=0"
         )
     rows = config.eval_batches * batch_size
-    # Collective, so that every process takes the same way (each has its own cache file).
-    cached = workdir_cache.cache_path(
-        config, workdir, tokenizer, "train", process_index, process_count
+    train, train_tokens, evals = _shard_blocks(
+        config, tokenizer, process_index, process_count, rows
     )
-    legacy = None
-    if multihost.all_true(cached.exists()):
-        legacy = workdir_cache.legacy_blocks(
-            config, workdir, tokenizer, process_index, process_count, rows
-        )
-    if legacy is None:
-        train, train_tokens, evals = _shard_blocks(
-            config, tokenizer, process_index, process_count, rows
-        )
-    else:
-        (train, evals), train_tokens = legacy, _non_pad_tokens(legacy[0])
     if len(train) == 0:
         raise ConfigError(
             f"dataset={config.dataset!r} (train_split={config.train_split!r}) gave process "

@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
+from maelm_jax.config.run_config import DataConfig
 from maelm_jax.data.batches import TrainBatches
 from maelm_jax.data.input_pipeline import create_datasets
 from maelm_jax.data.tokenizer import Tokenizer
-from maelm_jax.run_config import DataConfig
 
 _SYLLABLES = ("ka", "lo", "mi", "ten", "ar", "vo", "si", "ne", "ru", "dal", "pe", "to", "sh")
 
@@ -48,13 +48,11 @@ def write_synthetic_corpus(directory: pathlib.Path, megabytes: float, files: int
     return f"text:{directory}/*.txt"
 
 
-def delivered_tokens_per_s(
-    config: DataConfig, tokenizer: Tokenizer, workdir: pathlib.Path, rows: int, steps: int
-) -> dict:
+def delivered_tokens_per_s(config: DataConfig, tokenizer: Tokenizer, rows: int, steps: int) -> dict:
     """Tokens per second one host's pipeline delivers: `steps` batches of `rows` blocks of
     this host (process 0 of 1) through the prefetch thread, after opening it."""
     start = time.perf_counter()
-    data = create_datasets(config, workdir, tokenizer, 0, 1)
+    data = create_datasets(config, tokenizer, 0, 1)
     opened = time.perf_counter() - start
     batches = TrainBatches(data.train.blocks, rows, config.seed, 0).iterate(0)
     next(batches)  # the thread started

@@ -21,9 +21,9 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
+from maelm_jax.config.run_config import ConfigError, DataConfig
 from maelm_jax.data import default_corpus, documents, prepared, shard_writer, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
-from maelm_jax.run_config import ConfigError, DataConfig
 
 NUM_SHARDS = 16  # divides the process count of pods up to 16 hosts; more hosts, more shards
 # Source text per packing process: a spawned worker costs seconds to start (it imports

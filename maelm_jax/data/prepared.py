@@ -27,8 +27,8 @@ from collections.abc import Callable
 from absl import logging
 from etils import epath
 
-from maelm_jax import paths
-from maelm_jax.run_config import DataConfig
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import DataConfig
 
 DIRNAME = "maelm_jax_prepared"
 TOKENIZER_FILENAME = "tokenizer.model"

@@ -28,10 +28,10 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from maelm_jax.config.run_config import DataConfig
 from maelm_jax.data import prepared, shards
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, PAD_ID, Tokenizer
-from maelm_jax.run_config import DataConfig
 
 _ENCODE_BATCH = 512
 _PACK_FLUSH_BLOCKS = 256

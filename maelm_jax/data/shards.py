@@ -36,9 +36,9 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from maelm_jax import paths
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import ConfigError, DataConfig
 from maelm_jax.data import prepared
-from maelm_jax.run_config import ConfigError, DataConfig
 
 MANIFEST_FILENAME = "manifest.json"
 FORMAT = 1

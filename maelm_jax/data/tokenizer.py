@@ -34,8 +34,8 @@ from etils import epath
 from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
-from maelm_jax import paths
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import ConfigError
 
 BOS_ID = 0
 PAD_ID = 1

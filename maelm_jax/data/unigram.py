@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from maelm_jax.run_config import MaskingConfig
+from maelm_jax.config.run_config import MaskingConfig
 
 
 def token_counts(input_ids, *, masking_cfg: MaskingConfig) -> jax.Array:

@@ -11,7 +11,7 @@ without dropout, and its export's config says so.
 import json
 import os
 
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 INITS = ("pretrained", "random")
 # Where each config family keeps its dropout rates (the recipe sets them all).

@@ -13,8 +13,8 @@ import dataclasses
 import os
 import pathlib
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue.tasks import Task
-from maelm_jax.run_config import ConfigError
 
 # CoLA's files have no header; these are its four columns (the third, a grammaticality mark
 # such as "*", is empty for acceptable sentences).

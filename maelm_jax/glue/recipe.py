@@ -9,8 +9,8 @@ minutes on the demo's export: one setting, one seed, 200 steps of 16 rows, with 
 
 import dataclasses
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue.training import RunSpec
-from maelm_jax.run_config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

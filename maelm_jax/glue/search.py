@@ -19,10 +19,10 @@ import time
 
 from absl import logging
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import classifier, metrics, readers, tasks
 from maelm_jax.glue.recipe import Recipe
 from maelm_jax.glue.training import Encoded, RunResult, RunSpec, encode, fine_tune, steps_for
-from maelm_jax.run_config import ConfigError
 
 SPEC_FILE = "spec.json"
 RESULTS_FILE = "results.json"

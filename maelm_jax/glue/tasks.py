@@ -7,7 +7,7 @@ order (`labels[i]` is id i), so a model fine-tuned on either source predicts the
 
 import dataclasses
 
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 
 def all_true(ok: bool) -> bool:

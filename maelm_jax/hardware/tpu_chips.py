@@ -11,7 +11,7 @@ import dataclasses
 import math
 import re
 
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 GiB = 2**30
 

@@ -13,9 +13,9 @@ import dataclasses
 
 import numpy as np
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from maelm_jax.model.positions.relative_bias import relative_position_buckets
-from maelm_jax.run_config import ModelConfig
 
 # The ModelConfig fields the conversion below represents. A field added later (a new
 # encoder feature) is refused by `unsupported_fields` until it is handled here.

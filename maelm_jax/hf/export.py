@@ -24,11 +24,11 @@ import uuid
 import jax
 import numpy as np
 
-from maelm_jax import paths
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import ConfigError, ModelConfig
 from maelm_jax.hf import convert as hf_convert
 from maelm_jax.hf import modern_convert
 from maelm_jax.inspection import trained_model
-from maelm_jax.run_config import ConfigError, ModelConfig
 
 TOLERANCE = 1e-4
 MODELING_FILE = "modeling_maelm.py"

@@ -11,10 +11,10 @@ MLM decoder's. Layer kinds go out as HF's `layer_types`; the window as `local_at
 
 import numpy as np
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, MASK_ID, PAD_ID
 from maelm_jax.hf.convert import layers_of
 from maelm_jax.model.positions.rotary import is_global_layer
-from maelm_jax.run_config import ModelConfig
 
 
 def layer_types(cfg: ModelConfig) -> list[str]:

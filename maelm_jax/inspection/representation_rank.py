@@ -19,13 +19,13 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.data.documents import read_documents
 from maelm_jax.data.shard_writer import pack_documents
 from maelm_jax.inspection import rank, trained_model
 from maelm_jax.model.masked_lm import MaskedLM
 from maelm_jax.model.modern_blocks import ModernBlock
 from maelm_jax.model.transformer import EncoderBlock
-from maelm_jax.run_config import ConfigError
 
 MASK_RATE = 0.15
 

@@ -15,12 +15,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from maelm_jax import configuration
 from maelm_jax.checkpoints import manifest
 from maelm_jax.checkpoints.params import load_params
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import ConfigError, ModelConfig, RunConfig
 from maelm_jax.data.tokenizer import MASK_ID, Tokenizer
 from maelm_jax.model.masked_lm import MaskedLM, init_inputs
-from maelm_jax.run_config import ConfigError, ModelConfig, RunConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,7 @@ def load(workdir, step: int | None = None) -> TrainedModel:
     there is none or its parameters do not fit the config stored beside them."""
     step_dir = step_dir_of(workdir, step)
     handler = ocp.JsonCheckpointHandler()
-    config = configuration.from_checkpoint(
+    config = configdict.from_checkpoint(
         handler.restore(step_dir / "config", args=ocp.args.JsonRestore())
     )
     tok_json = handler.restore(step_dir / "tokenizer", args=ocp.args.JsonRestore())

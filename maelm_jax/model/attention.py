@@ -40,12 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.kernels.choice import XLA_PATH, AttentionOptions
 from maelm_jax.model.positions.relative_bias import RelativeBias, StackBias
 from maelm_jax.model.positions.rotary import Window, rotate
 from maelm_jax.model.remat import saved
-from maelm_jax.run_config import ModelConfig
 
 
 class MultiHeadAttention(nn.Module):

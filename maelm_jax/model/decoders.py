@@ -9,12 +9,12 @@ slots only, so the LM head's logits are [B, k, V], never [B, L, V].
 import flax.linen as nn
 import jax.numpy as jnp
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.encoder import PositionEmbedding, gather_positions, rotations_of, stack_bias_of
 from maelm_jax.model.modern_blocks import ModernBlock, ModernCrossBlock
 from maelm_jax.model.positions.relative_bias import RelativePositionBias
 from maelm_jax.model.transformer import CrossDecoderBlock, EncoderBlock, apply_layers, layer_norm
-from maelm_jax.run_config import ModelConfig
 
 
 def mask_embedding(module: nn.Module, config: ModelConfig, mask_vector):

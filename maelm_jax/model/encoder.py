@@ -13,13 +13,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.attention import stack_bias
 from maelm_jax.model.modern_blocks import ModernBlock
 from maelm_jax.model.positions.relative_bias import RelativePositionBias
 from maelm_jax.model.positions.rotary import rotations
 from maelm_jax.model.transformer import EncoderBlock, apply_layers, layer_norm
-from maelm_jax.run_config import ModelConfig
 
 
 def gather_positions(x, idx):

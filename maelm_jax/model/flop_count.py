@@ -31,8 +31,8 @@ import dataclasses
 
 import jax
 
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.model.masked_lm import MaskedLM, count_params, init_inputs
-from maelm_jax.run_config import RunConfig
 
 REGIONS = ("embedding", "encoder", "decoder", "lm_head", "optimizer")
 FORWARD_BACKWARD = 3

@@ -13,11 +13,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.decoders import CrossDecoder, SelfDecoder
 from maelm_jax.model.encoder import Encoder, TokenEmbedding, gather_positions
 from maelm_jax.model.transformer import layer_norm
-from maelm_jax.run_config import ModelConfig
 
 
 class LMHead(nn.Module):

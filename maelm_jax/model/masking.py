@@ -21,8 +21,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from maelm_jax.config.run_config import MaskingConfig
 from maelm_jax.model.positions import segments
-from maelm_jax.run_config import MaskingConfig
 
 # Which slots fill the k first: regular tokens, then padding, then <s>/</s>. A row with
 # fewer than k regular tokens takes its extra slots from padding (weight 0) before it hides

@@ -13,12 +13,12 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.attention import MultiHeadAttention
 from maelm_jax.model.positions.rotary import Window, is_global_layer
 from maelm_jax.model.remat import saved
 from maelm_jax.model.transformer import layer_norm, to_carry
-from maelm_jax.run_config import ModelConfig
 
 
 class GatedMlp(nn.Module):

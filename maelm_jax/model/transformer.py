@@ -8,10 +8,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model.attention import MultiHeadAttention
 from maelm_jax.model.remat import POLICIES, saved, token_major
-from maelm_jax.run_config import ModelConfig
 
 
 def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:

@@ -9,7 +9,7 @@ off, like fairseq's `--clip-norm 0` (RoBERTa's recipe).
 import jax
 import optax
 
-from maelm_jax.run_config import OptimizerConfig
+from maelm_jax.config.run_config import OptimizerConfig
 
 
 def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:

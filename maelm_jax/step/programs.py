@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from maelm_jax.config.run_config import MaskingConfig, ModelConfig, RunConfig, dropout_rng_impl_for
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
 from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS
 from maelm_jax.model.masked_lm import MaskedLM
-from maelm_jax.run_config import MaskingConfig, ModelConfig, RunConfig, dropout_rng_impl_for
 from maelm_jax.step import optimizer, sharding, train_state, train_step
 
 

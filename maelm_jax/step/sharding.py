@@ -15,8 +15,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from maelm_jax.config.run_config import ConfigError, MeshConfig, RunConfig
 from maelm_jax.model.logical_axes import ALL_AXES
-from maelm_jax.run_config import ConfigError, MeshConfig, RunConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

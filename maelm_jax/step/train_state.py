@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model.masked_lm import init_inputs
-from maelm_jax.run_config import ModelConfig
 
 
 @flax.struct.dataclass

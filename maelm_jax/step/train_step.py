@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from maelm_jax.config.run_config import MaskingConfig
 from maelm_jax.model import logical_axes as ax
 from maelm_jax.model import loss, masking
-from maelm_jax.run_config import MaskingConfig
 from maelm_jax.step.train_state import TrainState
 
 _EVAL_STREAM = 0x5EED  # eval masks come from their own stream, fixed for the whole run

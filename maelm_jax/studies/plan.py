@@ -13,10 +13,10 @@ import os
 
 import ml_collections
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import tasks as glue_tasks
 from maelm_jax.glue.recipe import Recipe
 from maelm_jax.glue.search import write_json
-from maelm_jax.run_config import ConfigError
 
 SPEC_FILE = "spec.json"
 RANDOM_ROW = "random_init"

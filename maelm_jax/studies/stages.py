@@ -14,7 +14,7 @@ import time
 
 from absl import logging
 
-from maelm_jax import configuration
+from maelm_jax.config import configdict
 from maelm_jax.glue.search import run_search, write_json
 from maelm_jax.studies.plan import RANDOM_ROW, Study
 
@@ -49,7 +49,7 @@ def pretrain(config, workdir: str) -> dict:
     from maelm_jax.model import flop_count
     from maelm_jax.training import train
 
-    run = configuration.freeze(config)
+    run = configdict.freeze(config)
     train.train_and_evaluate(run, workdir)
     lines = _metrics_lines(workdir)
     evals = [m["eval/loss"] for m in lines if "eval/loss" in m]

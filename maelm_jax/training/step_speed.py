@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data.tokenizer import BOS_ID, FIRST_REGULAR_ID
 from maelm_jax.hardware import accelerators
 from maelm_jax.model import flop_count
-from maelm_jax.run_config import RunConfig
 from maelm_jax.step import programs, sharding
 
 

@@ -17,9 +17,9 @@ import time
 import jax
 import jax.numpy as jnp
 
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.hardware import accelerators
 from maelm_jax.model import flop_count
-from maelm_jax.run_config import RunConfig
 
 WARMUP_STEPS = 2
 

@@ -7,15 +7,16 @@ import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax import paths
 from maelm_jax.checkpoints import checkpointing
 from maelm_jax.checkpoints.params import load_params
+from maelm_jax.config import paths
+from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.data import batches, input_pipeline, unigram
 from maelm_jax.hardware import multihost
 from maelm_jax.inspection import fill_in
-from maelm_jax.run_config import ConfigError, RunConfig
+from maelm_jax.profiling import capture
 from maelm_jax.step import programs, sharding
-from maelm_jax.training import metric_logging, profiling, telemetry
+from maelm_jax.training import metric_logging, telemetry
 from maelm_jax.training.preemption import Interrupted, PreemptionWatcher
 
 
@@ -160,9 +161,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     tokenizer = input_pipeline.load_tokenizer(run.data, workdir)
     data, error = None, None
     try:
-        data = input_pipeline.create_datasets(
-            run.data, workdir, tokenizer, process_index, process_count
-        )
+        data = input_pipeline.create_datasets(run.data, tokenizer, process_index, process_count)
     except ConfigError as e:  # maybe on this process only: its share may be empty
         error = e
     multihost.raise_together(error, "preparing their share of the data")
@@ -179,7 +178,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     # --- Reporting: process 0 writes, everyone logs its own errors. ---
     loop = run.loop
     writer = metric_logging.create_writer(workdir)
-    profile = profiling.ProfileWindow(
+    profile = capture.ProfileWindow(
         workdir,
         loop.profile_start_step,
         loop.profile_num_steps if process_index == 0 else 0,

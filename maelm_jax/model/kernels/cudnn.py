@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax.run_config import CUDNN_LENGTH_MULTIPLE
+from maelm_jax.config.run_config import CUDNN_LENGTH_MULTIPLE
 
 # Lengths pad to this multiple (cuDNN trains with a bias only at even lengths); the MAE-LM
 # encoder's kept tokens arrive padded to it already (model.encoder_length_multiple).
@@ -94,7 +94,7 @@ def roll(x, shifts, axes, gather: bool):
     cotangent written into a zero array twice the length, cut in two halves and the halves
     added, per axis. For MAE-LM's per-example bias ([B, N, T, S] per layer) that was the bulk
     of the 69 large adds and 49 pads per mae_lm_base step on an H200
-    (launch/gpu/kernel_table.py, 2026-11-26: 38.9 and 9.6 of 152 ms). A roll is a
+    (benchmarks/kernel_table.py, 2026-11-26: 38.9 and 9.6 of 152 ms). A roll is a
     permutation: its transpose is one roll the other way.
 
     Why a gather for the bias and not for the rest, measured on an H200 (2026-11-27, batch

@@ -35,14 +35,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from maelm_jax.config.run_config import TRITON_BLOCK
 from maelm_jax.model.positions.relative_bias import offset_buckets
-from maelm_jax.run_config import TRITON_BLOCK
 
 # Query and key block; lengths pad to a multiple of it.
 BLOCK = TRITON_BLOCK
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a row without keys stays NaN-free
 _LOG2E = math.log2(math.e)
-# False: the table's gradient left at zero, so launch/gpu/relative_kernel_speed.py can time
+# False: the table's gradient left at zero, so benchmarks/relative_kernel_speed.py can time
 # what summing it costs (1.0 to 1.3 of 4.1 ms a layer on an H200). Never False in a model.
 _TABLE_GRADIENT = True
 

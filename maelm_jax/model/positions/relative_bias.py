@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maelm_jax.config.run_config import ModelConfig
 from maelm_jax.model import logical_axes as ax
-from maelm_jax.run_config import ModelConfig
 
 
 def relative_position_buckets(num_buckets: int, max_distance: int, max_positions: int):
@@ -199,7 +199,7 @@ def _summed(buckets, table, dtype):
     Why on a GPU: contracted in each layer, the score gradient [B, N, T, S] is transposed
     for the one-hot product every time; at mae_lm_base's encoder shape (64 x 12 x 435 x
     435) that took 2.06 ms a layer on an H200, 11.5 ms for twelve, against 2.0 ms for one
-    contraction of their bf16 sum (launch/gpu/bias_speed.py, 2026-11-26; the float32 form
+    contraction of their bf16 sum (benchmarks/bias_speed.py, 2026-11-26; the float32 form
     here is not timed yet). The sum costs a float32 array of the bias's size and its
     gradient; XLA's TPU model prefers the layers' own contractions (`StackBias`), so "auto"
     picks this on GPU only."""

@@ -17,7 +17,7 @@ comparison: the whole block is one segment (attention crosses documents), paddin
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.run_config import PACKINGS
+from maelm_jax.config.run_config import PACKINGS
 
 
 def segment_ids(ids: jax.Array, eos_id: int, pad_id: int, packing: str) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Every config key's allowed values, in one table: what `configuration.validate` checks
+"""Every config key's allowed values, in one table: what `configdict.validate` checks
 first, one key at a time, before it checks how the keys combine."""
 
 import dataclasses
@@ -6,8 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from maelm_jax.model import remat
-from maelm_jax.run_config import (
+from maelm_jax.config.run_config import (
     ATTENTION_DROPOUT_IMPLS,
     ATTENTION_IMPLS,
     BACKBONES,
@@ -23,6 +22,7 @@ from maelm_jax.run_config import (
     RELATIVE_BIAS_IMPLS,
     TABLE_GATHERS,
 )
+from maelm_jax.model import remat
 
 REMAT_POLICIES = ("none", *remat.POLICIES)
 

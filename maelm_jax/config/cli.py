@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from absl import app, flags, logging
 
-from maelm_jax.run_config import ConfigError
+from maelm_jax.config.run_config import ConfigError
 
 EXIT_USAGE = 2
 CONFIG_FLAG = "config"

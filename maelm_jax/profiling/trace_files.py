@@ -11,8 +11,8 @@ import re
 
 import jax
 
-from maelm_jax.kernels.summary import Event, Summary, summarise
-from maelm_jax.run_config import RunConfig
+from maelm_jax.config.run_config import RunConfig
+from maelm_jax.profiling.summary import Event, Summary, summarise
 from maelm_jax.training import step_speed
 
 

@@ -1,13 +1,13 @@
 """The run's configuration as the code below the commands sees it: frozen, typed parts.
 
 A command parses the user's ConfigDict (configs/*.py plus `--config.key=value`) and turns it
-into one `RunConfig` right away (`configuration.freeze`, which validates every value first);
+into one `RunConfig` right away (`configdict.freeze`, which validates every value first);
 nothing below the commands reads a ConfigDict. Frozen dataclasses let a jitted function
 close over a config safely, and a bad value fails once, up front, with a message naming it.
 
 Some parts copy a top-level key they need (`seq_len`, `batch_size`, `seed` are in `data`
 too, `num_train_steps` in `optimizer` and `loop`), so that each consumer takes only its
-part. A run is therefore changed with `configuration.override`, which edits the keys and
+part. A run is therefore changed with `configdict.override`, which edits the keys and
 freezes again, never with `dataclasses.replace` on one part, which would leave the copies
 behind.
 """
@@ -358,7 +358,7 @@ class RunConfig:
     loop: LoopConfig
     checkpoint: CheckpointConfig
     mesh: MeshConfig
-    # The ConfigDict as JSON: what a checkpoint stores, and what `configuration.override`
+    # The ConfigDict as JSON: what a checkpoint stores, and what `configdict.override`
     # edits and freezes again.
     source_json: str = dataclasses.field(repr=False)
 

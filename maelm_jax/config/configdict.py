@@ -15,9 +15,9 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax import paths
-from maelm_jax.config_rules import RULES
-from maelm_jax.run_config import (
+from maelm_jax.config import paths
+from maelm_jax.config.rules import RULES
+from maelm_jax.config.run_config import (
     DTYPES,
     CheckpointConfig,
     ConfigError,
