@@ -182,6 +182,7 @@ def freeze(config: ml_collections.ConfigDict) -> RunConfig:
             relative_attention_buckets=m.relative_attention_buckets,
             relative_attention_max_distance=m.relative_attention_max_distance,
             relative_attention_init_slope=m.relative_attention_init_slope,
+            relative_attention_init_cap=m.relative_attention_init_cap,
             decoder_relative_attention=m.decoder_relative_attention,
             decoder_relative_attention_init_slope=m.decoder_relative_attention_init_slope,
             dtype=DTYPES[m.dtype],

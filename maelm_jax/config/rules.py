@@ -117,6 +117,7 @@ RULES: dict[str, Rule] = {
     "model.relative_attention_buckets": at_least(0),
     "model.relative_attention_max_distance": at_least(1),
     "model.relative_attention_init_slope": at_least(0.0, integer=False),
+    "model.relative_attention_init_cap": at_least(0.0, integer=False),
     "model.decoder_relative_attention": one_of((False, True)),
     "model.decoder_relative_attention_init_slope": at_least(0.0, integer=False),
     "model.dtype": one_of(tuple(DTYPES)),

@@ -86,6 +86,7 @@ class ModelConfig:
     relative_attention_buckets: int
     relative_attention_max_distance: int
     relative_attention_init_slope: float
+    relative_attention_init_cap: float
     decoder_relative_attention: bool
     decoder_relative_attention_init_slope: float
     dtype: Any

@@ -32,6 +32,7 @@ REPRESENTED_FIELDS = {
     "layer_norm_epsilon",
     "init_std",
     "relative_attention_init_slope",  # where the bias table starts; training moves it
+    "relative_attention_init_cap",
     "dropout_rate",
     "attention_dropout_rate",
     # Pretraining-only: the decoder is dropped; dtype, layer layout and remat change how

@@ -146,7 +146,10 @@ class Encoder(nn.Module):
         bias = None
         if cfg.relative_attention_buckets:
             bias = RelativePositionBias(
-                cfg, cfg.relative_attention_init_slope, name="relative_bias"
+                cfg,
+                cfg.relative_attention_init_slope,
+                cfg.relative_attention_init_cap,
+                name="relative_bias",
             )(positions, positions)
         bias = stack_bias_of(cfg, bias)
         return apply_layers(

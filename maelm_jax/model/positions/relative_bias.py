@@ -229,7 +229,7 @@ def bucket_distances(num_buckets: int, max_distance: int, max_positions: int):
     return np.where(np.isfinite(nearest), nearest, 0.0).astype(np.float32)
 
 
-def relative_bias_init(config: ModelConfig, slope: float):
+def relative_bias_init(config: ModelConfig, slope: float, cap: float = 0.0):
     """normal(init_std), as official MAE-LM, or with `slope` > 0 a table that starts at
     -slope * distance in every head (ALiBi's prior, then learned).
 
@@ -251,6 +251,8 @@ def relative_bias_init(config: ModelConfig, slope: float):
         config.relative_attention_max_distance,
         config.max_positions,
     )
+    if cap:
+        distances = np.minimum(distances, cap)
     start = -slope * distances[:, None]
 
     def init(key, shape, dtype=jnp.float32):
@@ -270,6 +272,7 @@ class RelativePositionBias(nn.Module):
 
     config: ModelConfig
     init_slope: float = 0.0  # the encoder's or the decoder's `*relative_attention_init_slope`
+    init_cap: float = 0.0
 
     @nn.compact
     def __call__(self, query_positions, key_positions) -> RelativeBias:
@@ -277,7 +280,9 @@ class RelativePositionBias(nn.Module):
         cfg = self.config
         table = self.param(
             "embedding",
-            ax.param(relative_bias_init(cfg, self.init_slope), ("relpos_buckets", "heads")),
+            ax.param(
+                relative_bias_init(cfg, self.init_slope, self.init_cap), ("relpos_buckets", "heads")
+            ),
             (cfg.relative_attention_buckets, cfg.num_heads),
             jnp.float32,
         )
