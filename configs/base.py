@@ -89,7 +89,8 @@ def get_config() -> ml_collections.ConfigDict:
     # uniform). >0: bucket b starts at -slope * (b's nearest distance), an ALiBi-like prior
     # toward nearby tokens that short runs need to leave the unigram plateau (configs/default.py).
     c.model.relative_attention_init_slope = 0.0
-    # >0: the encoder's prior stops falling at this distance (-slope * min(distance, cap)).
+    # >0: the encoder's prior stops falling at this distance, -slope * min(distance, cap), so
+    # far tokens keep a share of attention that fine-tuning can use (configs/default.py).
     c.model.relative_attention_init_cap = 0.0
     # The decoder's own relative bias (same buckets, shared by the decoder's layers). Official
     # MAE-LM has none; the decoder is dropped after pretraining, so this never reaches export.

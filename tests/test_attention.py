@@ -101,7 +101,7 @@ def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distanc
     )
     cfg = frozen(c)[0]
     positions = jnp.arange(length)[None]
-    module = RelativePositionBias(cfg)
+    module = RelativePositionBias(cfg, cfg.relative_attention_init_slope)
     params = nn.unbox(module.init(jax.random.PRNGKey(0), positions, positions))
     bias = np.asarray(module.apply(params, positions, positions).dense())[0]  # [N, T, S]
     np.testing.assert_array_equal(bias, np.broadcast_to(bias[:1], bias.shape))  # all heads
@@ -114,9 +114,13 @@ def test_local_init_starts_every_bucket_at_minus_slope_times_its_nearest_distanc
     assert (nearest <= np.abs(offsets)).all() and nearest.max() > buckets // 4
     by_distance = [bias[0][np.abs(offsets) == d].min() for d in range(length)]
     assert (np.diff(by_distance) <= 0).all()
+    # A cap stops the fall: every bucket at least `cap` away starts at -slope * cap.
+    capped = RelativePositionBias(cfg, slope, 3.0)
+    bias = capped.apply(nn.unbox(capped.init(jax.random.PRNGKey(0), positions, positions)),
+                        positions, positions).dense()  # fmt: skip
+    np.testing.assert_allclose(np.asarray(bias)[0, 0], -slope * np.minimum(nearest, 3.0))
     # slope 0 is the official normal(init_std) table: small, random, not local.
-    c.model.relative_attention_init_slope = 0.0
-    official = RelativePositionBias(frozen(c)[0]).init(jax.random.PRNGKey(0), positions, positions)
+    official = RelativePositionBias(cfg, 0.0).init(jax.random.PRNGKey(0), positions, positions)
     values = np.asarray(nn.unbox(official)["params"]["embedding"])
     assert 0 < np.abs(values).max() < 0.2 and np.unique(values).size == values.size
 

@@ -79,14 +79,17 @@ def test_the_loop_and_its_writers_load_without_tensorflow(tmp_path):
 
 
 def test_the_demo_recipe_reads_context_on_a_small_variant(corpus, tmp_path):
-    """configs/default.py's recipe (local relative biases in encoder and decoder, no dropout),
+    """configs/default.py's recipe (local relative biases in encoder, capped, and decoder; no
+    dropout),
     shrunk: its eval loss ends well below the eval data's unigram entropy, and falls."""
     demo = default.get_config().model
     recipe = {
         f"model.{key}": demo[key]
         for key in (
             "relative_attention_init_slope",
+            "relative_attention_init_cap",
             "decoder_relative_attention",
+            "decoder_relative_attention_init_slope",
             "dropout_rate",
             "attention_dropout_rate",
         )

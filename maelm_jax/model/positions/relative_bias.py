@@ -241,8 +241,8 @@ def relative_bias_init(config: ModelConfig, slope: float, cap: float = 0.0):
     that plateau. Far buckets start near exp(-slope * distance), so long-range use must be
     learned, and under Adam, whose steps are about the learning rate in size, a table that
     starts at -86 barely moves: an encoder that starts local stays local through pretraining
-    and fine-tuning (docs/results.md, "Why the default run lost to random init on SST-2").
-    So the default gives the prior to the decoder's own bias only, which export drops.
+    and fine-tuning (docs/results.md, "GLUE: the default run's export"). `cap` > 0 stops
+    the prior at that distance, so every far token keeps exp(-slope * cap) of a weight.
     """
     if not slope:
         return nn.initializers.normal(config.init_std)
@@ -271,8 +271,8 @@ class RelativePositionBias(nn.Module):
     """
 
     config: ModelConfig
-    init_slope: float = 0.0  # the encoder's or the decoder's `*relative_attention_init_slope`
-    init_cap: float = 0.0
+    init_slope: float  # the encoder's or the decoder's `*relative_attention_init_slope`
+    init_cap: float = 0.0  # the encoder's `relative_attention_init_cap`
 
     @nn.compact
     def __call__(self, query_positions, key_positions) -> RelativeBias:
