@@ -52,14 +52,34 @@ def pytest_unconfigure(config):
 def tiny_checkpoints(tmp_path_factory):
     """{kind: workdir} of three tiny runs trained once per session, checkpointed at the end:
     MLM (scanned layers), MAE-LM with the relative position bias (unrolled layers) and
-    3ML-cross (scanned). Shared by the export and analysis tests."""
+    3ML-cross (scanned). Shared by the export, analysis and fine-tuning tests, which only
+    read them: under xdist the first worker to ask trains them in the session's shared
+    temporary folder (a file lock held meanwhile) and the other worker reads the same runs
+    instead of training its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:  # no xdist: this process is the session
+        return _train_tiny_checkpoints(tmp_path_factory.mktemp("tiny_checkpoints"))
+    from filelock import FileLock
+
+    # The parent of a worker's base temp is this session's, shared by its workers alone.
+    root = tmp_path_factory.getbasetemp().parent / "tiny_checkpoints"
+    with FileLock(f"{root}.lock"):
+        done = root / "done"
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed midway
+            root.mkdir()
+            workdirs = _train_tiny_checkpoints(root)
+            done.write_text(",".join(workdirs))
+        return {kind: root / kind for kind in done.read_text().split(",")}
+
+
+def _train_tiny_checkpoints(root):
     from text_corpora import sample_document, write_corpus
     from tiny_configs import tiny_run_config
 
     from maelm_jax.config import configdict
     from maelm_jax.training import train
 
-    root = tmp_path_factory.mktemp("tiny_checkpoints")
     dataset = write_corpus(root / "corpus", [sample_document(i) for i in range(240)])
     kinds = {
         "mlm": {"objective": "mlm"},

@@ -9,11 +9,11 @@ from maelm_jax.config import configdict
 from maelm_jax.step import optimizer, programs, sharding
 
 
-def two_updates(config):
+def two_updates(config, devices=None):
     """(metrics of the second step, params before, params after): step 0 has learning
-    rate 0 (warmup starts there), step 1 moves the weights."""
+    rate 0 (warmup starts there), step 1 moves the weights; on `devices` (default: all)."""
     run = configdict.freeze(config)
-    mesh = sharding.create_mesh(run.mesh)
+    mesh = sharding.create_mesh(run.mesh, devices=devices)
     progs = programs.build(run, mesh, 300)
     state = progs.initialize(jax.random.PRNGKey(0))
     before = jax.device_get(state.params)

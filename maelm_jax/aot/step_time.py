@@ -10,7 +10,7 @@ a second encoder layer, then with a second decoder layer. Their differences are 
 time, and the step is the one-layer program plus (L - 1) encoder and (D - 1) decoder layers,
 times the micro-batches. XLA's cost of an unrolled program is the sum of its instructions',
 so where every layer compiles alike this is the deep unrolled program's estimate
-(tests/test_compile.py holds it to that), for two or three small compiles instead of one of
+(tests/test_aot_step_time.py holds it to that), for two or three small compiles instead of one of
 every layer.
 
 Two things the estimate is not. Attention runs on the XLA path in these programs, since the
