@@ -33,7 +33,9 @@ def tiny_config(objective="mae_lm", decoder="self", seq_len=32, **model_override
     c.model.attention_dropout_rate = 0.1  # the paper configs' value; the demo runs without
     c.model.relative_attention_buckets = 0  # the default's bias is for its demo, not tests
     c.model.relative_attention_init_slope = 0.0
+    c.model.relative_attention_init_cap = 0.0
     c.model.decoder_relative_attention = False
+    c.model.decoder_relative_attention_init_slope = 0.0
     for key, value in model_overrides.items():
         c.model[key] = value
     return c
