@@ -1,6 +1,7 @@
 """`python -m maelm_jax.study` on a micro budget: two objectives and the random-init row
-through every stage, killed after its first stage and finished by a rerun that redoes
-nothing finished, then refused when the config changes."""
+through every stage, pretrained on the study's own corpus (the task's train text), killed
+after its first stage and finished by a rerun that redoes nothing finished, then refused
+when the config changes."""
 
 import json
 import os
@@ -9,10 +10,16 @@ import subprocess
 import sys
 import time
 
+import pytest
 from process_runs import process_env
-from test_finetune import write_sst2
-from text_corpora import sample_document, write_corpus
-from tiny_configs import REPO_ROOT
+from test_glue_data import STSB_HEADER, write_glue
+from text_corpora import sample_document
+from tiny_configs import REPO_ROOT, tiny_config
+
+from maelm_jax.config import configdict
+from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
+from maelm_jax.glue.tasks import TASKS
+from maelm_jax.studies import task_text
 
 CONFIG = """from configs import default
 
@@ -21,7 +28,7 @@ def get_config():
     c = default.get_config()
     c.objective = {objective!r}
     c.mask_rate = 0.25
-    c.dataset = {dataset!r}
+    c.dataset = "study:task_text"
     c.vocab_size, c.tokenizer_train_documents, c.eval_holdout_fraction = 300, 1000, 0.1
     c.seq_len, c.batch_size, c.num_train_steps, c.warmup_steps = 32, 8, 6, 1
     c.eval_every_steps, c.eval_batches, c.log_every_steps, c.checkpoint_every_steps = 6, 1, 3, 6
@@ -49,14 +56,53 @@ def _study(args, wait=True):
     return proc.returncode, out, err
 
 
+def _sst2(root, train: list[str], dev: list[str]):
+    """SST-2 in GLUE's layout; the label alternates (the study asserts no score here)."""
+    for split, texts in (("train", train), ("dev", dev)):
+        rows = [f"{t} \t{i % 2}" for i, t in enumerate(texts)]
+        write_glue(root, "SST-2", split, ["sentence\tlabel", *rows])
+    return root
+
+
+def _one_line(i: int) -> str:
+    return " ".join(sample_document(i).split())
+
+
+def test_the_corpus_holds_each_train_example_once_pairs_together_and_no_dev_text(tmp_path):
+    train = [_one_line(i) for i in range(6)]
+    glue = _sst2(tmp_path / "glue", [*train, train[2]], dev=["a dev sentence never seen ."])
+    stsb = [f"{i}\tg\tf\ty\t{i}\ts\ts\tfirst {i} .\tsecond {i} .\t{i}.0" for i in range(3)]
+    write_glue(glue, "STS-B", "train", [STSB_HEADER, *stsb])
+    write_glue(glue, "STS-B", "dev", [STSB_HEADER, "9\tg\tf\ty\t9\ts\ts\tdev a\tdev b\t1.0"])
+
+    info = task_text.write([TASKS["sst2"], TASKS["stsb"]], glue, str(tmp_path / "study"))
+
+    path = tmp_path / "study" / task_text.CORPUS_DIR / task_text.CORPUS_FILE
+    docs = path.read_text().split("\n\n")
+    assert docs[-1] == ""  # every document ends with its blank line
+    assert docs[:-1] == [*train, *(f"first {i} .\nsecond {i} ." for i in range(3))]
+    assert info["documents"] == 9 and info["documents_per_task"] == {"sst2": 6, "stsb": 3}
+    assert "dev" not in path.read_text() and "\t" not in path.read_text()
+    assert task_text.dataset(str(tmp_path / "study")) == f"text:{path}"
+
+
+def test_main_refuses_the_studys_corpus_by_name():
+    config = tiny_config("mae_lm")
+    config.dataset = STUDY_TASK_TEXT
+    with pytest.raises(ConfigError) as e:
+        configdict.freeze(config)
+    assert f"dataset={STUDY_TASK_TEXT!r} is not allowed" in str(e.value)
+    assert "python -m maelm_jax.study" in str(e.value)
+
+
 def test_study_runs_every_stage_resumes_after_a_kill_and_refuses_a_changed_config(tmp_path):
-    dataset = write_corpus(tmp_path / "corpus", [sample_document(i) for i in range(240)])
     configs = []
     for name in ("mlm", "mae_lm"):
         path = tmp_path / f"{name}.py"
-        path.write_text(CONFIG.format(objective=name, dataset=dataset))
+        path.write_text(CONFIG.format(objective=name))
         configs.append(str(path))
-    glue = write_sst2(tmp_path / "glue", n_train=48, n_dev=16)
+    train = [_one_line(i) for i in range(240)]
+    glue = _sst2(tmp_path / "glue", train, dev=[_one_line(i) for i in range(240, 256)])
     study_dir = tmp_path / "study"
     args = [
         f"--study_dir={study_dir}", f"--configs={','.join(configs)}", "--tasks=sst2",
@@ -78,7 +124,11 @@ def test_study_runs_every_stage_resumes_after_a_kill_and_refuses_a_changed_confi
     assert rc == 0, err[-3000:]
     assert first.stat().st_mtime_ns == stamp  # done once, not redone
     assert "mlm/pretrain already done" in err
+    corpus = study_dir / task_text.CORPUS_DIR / task_text.CORPUS_FILE
+    assert corpus.read_text().split("\n\n")[:-1] == train  # the train text, no dev row
     for row in ("mlm", "mae_lm"):
+        saved = study_dir / row / "workdir" / "checkpoints" / "6" / "config" / "metadata"
+        assert json.loads(saved.read_text())["dataset"] == f"text:{corpus}"
         for stage in ("pretrain", "export", "finetune", "rank"):
             assert (study_dir / row / f"{stage}.json").is_file(), (row, stage)
     with open(study_dir / "results.json") as f:

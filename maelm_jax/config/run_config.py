@@ -21,6 +21,9 @@ OBJECTIVES = ("mlm", "mae_lm")
 DECODERS = ("self", "cross")
 NONFINITE_POLICIES = ("stop", "skip")
 PACKINGS = ("segmented", "concatenated")  # see model/positions/segments.py
+# The study's own corpus, its tasks' unlabeled train text (studies/task_text.py): a dataset
+# only `python -m maelm_jax.study` can resolve, since the text is written into the study dir.
+STUDY_TASK_TEXT = "study:task_text"
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform
 ATTENTION_DROPOUT_IMPLS = ("auto", "xla", "cudnn")  # see ModelConfig.for_platform

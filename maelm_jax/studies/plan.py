@@ -17,6 +17,7 @@ from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import tasks as glue_tasks
 from maelm_jax.glue.recipe import Recipe
 from maelm_jax.glue.search import write_json
+from maelm_jax.studies.task_text import CORPUS_DIR
 
 SPEC_FILE = "spec.json"
 RANDOM_ROW = "random_init"
@@ -48,8 +49,9 @@ class Study:
 def with_overrides(configs: dict, overrides: dict[str, str]) -> dict:
     """{name: ConfigDict} with the study-wide `key=value` overrides applied to each, checked
     to share `SHARED_KEYS`."""
-    if RANDOM_ROW in configs:
-        raise ConfigError(f"--configs: {RANDOM_ROW!r} names the random-init row; rename it")
+    for reserved, what in ((RANDOM_ROW, "the random-init row"), (CORPUS_DIR, "the corpus")):
+        if reserved in configs:
+            raise ConfigError(f"--configs: {reserved!r} names {what}'s folder; rename the file")
     for path, config in configs.items():
         for key, value in overrides.items():
             node = config

@@ -1,5 +1,6 @@
-"""A study's stages, each done once: pretrain -> export -> finetune -> rank per objective,
-and finetune alone for the random-init row.
+"""A study's stages, each done once: the corpus (when the configs name the study's own),
+then pretrain -> export -> finetune -> rank per objective, and finetune alone for the
+random-init row.
 
 A finished stage leaves `<row>/<stage>.json` (its measurements, written whole or not at all),
 and is never redone. A stage killed midway is redone from where its own work allows:
@@ -15,7 +16,9 @@ import time
 from absl import logging
 
 from maelm_jax.config import configdict
+from maelm_jax.config.run_config import STUDY_TASK_TEXT
 from maelm_jax.glue.search import run_search, write_json
+from maelm_jax.studies import task_text
 from maelm_jax.studies.plan import RANDOM_ROW, Study
 
 
@@ -111,10 +114,28 @@ def rank(workdir: str, out: str, num_tokens: int) -> dict:
     }
 
 
+def with_corpus(study: Study, study_dir: str) -> dict:
+    """The configs as pretraining reads them: where they name the study's own corpus (they
+    all do or none, plan.SHARED_KEYS), it is written once and each config points at it."""
+    if next(iter(study.configs.values())).dataset != STUDY_TASK_TEXT:
+        return study.configs
+    once(
+        study_dir,
+        task_text.CORPUS_DIR,
+        "task_text",
+        lambda: task_text.write(study.tasks, study.glue_dir, study_dir),
+    )
+    configs = {}
+    for name, config in study.configs.items():
+        configs[name] = config.copy_and_resolve_references()
+        configs[name].dataset = task_text.dataset(study_dir)
+    return configs
+
+
 def run_all(study: Study, study_dir: str) -> dict:
     """Every row's stages in order, objectives first, the random-init row last."""
     rows = {}
-    for name, config in study.configs.items():
+    for name, config in with_corpus(study, study_dir).items():
         base = os.path.join(study_dir, name)
         workdir, export_dir = os.path.join(base, "workdir"), os.path.join(base, "export")
         rows[name] = {

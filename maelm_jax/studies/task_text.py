@@ -1,0 +1,63 @@
+"""The study's own corpus: the unlabeled text of its tasks' train splits, one document per
+example.
+
+A study config names it as `dataset = "study:task_text"` (`run_config.STUDY_TASK_TEXT`).
+At the CPU study's scale the embedded Python-docs corpus teaches nothing GLUE asks about: its
+export, fine-tuned for 150 steps, scored the same as random init on STS-B (Pearson 5.2
+against 5.4; docs/results.md). Pretraining on the tasks' own sentences (task-adaptive
+pretraining, Gururangan et al. 2020) gives every objective English it will be tested on, the
+same text for all of them. Only train splits enter, and no label: dev sentences are never
+seen before they are scored. A pair task's two sentences share one document, so pretraining
+sees the pairs that fine-tuning reads; an exact repeat (SST-2's phrases recur) is written
+once.
+"""
+
+import hashlib
+import os
+
+from maelm_jax.glue import readers
+
+CORPUS_DIR = "corpus"
+CORPUS_FILE = "train.txt"
+
+
+def dataset(study_dir: str) -> str:
+    """The `text:` dataset the written corpus is read as."""
+    return f"text:{os.path.join(os.path.abspath(study_dir), CORPUS_DIR, CORPUS_FILE)}"
+
+
+def _document(example: readers.Example) -> str:
+    parts = [example.text_a, example.text_b or ""]
+    return "\n".join(" ".join(p.split()) for p in parts if p.strip())
+
+
+def write(task_list, glue_dir: str | None, study_dir: str) -> dict:
+    """Writes the corpus whole (a temporary file renamed into place), and what it holds."""
+    out_dir = os.path.join(study_dir, CORPUS_DIR)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, CORPUS_FILE)
+    seen: set[str] = set()
+    per_task = {}
+    digest = hashlib.sha256()
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for task in task_list:
+            kept = 0
+            for example in readers.read(task, "train", glue_dir):
+                doc = _document(example)
+                if not doc or doc in seen:
+                    continue
+                seen.add(doc)
+                kept += 1
+                text = doc + "\n\n"
+                digest.update(text.encode("utf-8"))
+                f.write(text)
+            per_task[task.name] = kept
+    os.replace(tmp, path)
+    return {
+        "documents": len(seen),
+        "documents_per_task": per_task,
+        "words": sum(len(d.split()) for d in seen),
+        "bytes": os.path.getsize(path),
+        "sha256": digest.hexdigest(),
+    }
