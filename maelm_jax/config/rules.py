@@ -20,7 +20,6 @@ from maelm_jax.config.run_config import (
     PACKINGS,
     RELATIVE_BIAS_GRADS,
     RELATIVE_BIAS_IMPLS,
-    STUDY_TASK_TEXT,
     TABLE_GATHERS,
 )
 from maelm_jax.model import remat
@@ -91,11 +90,6 @@ RULES: dict[str, Rule] = {
     "adam_eps": positive_number(),
     "max_grad_norm": at_least(0.0, integer=False),  # 0 turns clipping off
     "packing": one_of(PACKINGS),
-    "dataset": Rule(
-        lambda v: isinstance(v, str) and v.strip() != "" and v != STUDY_TASK_TEXT,
-        f"a TFDS name, 'text:<glob>' or 'python_docs' ({STUDY_TASK_TEXT!r} is a study's own "
-        "corpus: run the config through `python -m maelm_jax.study`)",
-    ),
     "eval_holdout_fraction": between(0.0, 1.0, high_open=True),
     "max_documents": at_least(0),
     "vocab_size": at_least(16),

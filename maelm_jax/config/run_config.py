@@ -22,7 +22,8 @@ DECODERS = ("self", "cross")
 NONFINITE_POLICIES = ("stop", "skip")
 PACKINGS = ("segmented", "concatenated")  # see model/positions/segments.py
 # The study's own corpus, its tasks' unlabeled train text (studies/task_text.py): a dataset
-# only `python -m maelm_jax.study` can resolve, since the text is written into the study dir.
+# only `python -m maelm_jax.study` can resolve, since the text is written into the study dir
+# (the data layer refuses it elsewhere: data/documents.py).
 STUDY_TASK_TEXT = "study:task_text"
 MASK_TOKEN_SOURCES = ("embedding_row", "learned")  # see model/masked_lm.py
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see ModelConfig.for_platform

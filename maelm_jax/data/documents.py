@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
 
-from maelm_jax.config.run_config import ConfigError, DataConfig
+from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError, DataConfig
 from maelm_jax.data import default_corpus
 
 TEXT_PREFIX = "text:"
@@ -153,9 +153,21 @@ def _glob(pattern: str) -> list[str]:
     return sorted(files)
 
 
+def refuse_study_corpus(name: str) -> None:
+    """A study config's corpus is text only the study writes (studies/task_text.py); a
+    config that names it may still be compiled or counted, but not trained outside it."""
+    if name == STUDY_TASK_TEXT:
+        raise ConfigError(
+            f"dataset={name!r} is a study's own corpus, which `python -m maelm_jax.study` "
+            f"writes; run the config through the study, or set dataset to a TFDS name, "
+            f"'{TEXT_PREFIX}<glob>' or '{default_corpus.NAME}'"
+        )
+
+
 def _tfds_builder(config: DataConfig) -> tfds.core.DatasetBuilder:
     """The dataset's builder, prepared; for `python_docs` preparing it first if needed."""
     name = config.dataset
+    refuse_study_corpus(name)
     if name == default_corpus.NAME:
         return default_corpus.builder(config.data_dir)
     try:

@@ -56,6 +56,7 @@ def prepare_source(
     `beam_options`); text files need nothing, the embedded corpus is always built. Without
     `download` (a training run) a TFDS dataset must already be there: `read_documents` says
     how to build it."""
+    documents.refuse_study_corpus(config.dataset)
     if config.dataset.startswith(documents.TEXT_PREFIX):
         return
     if config.dataset == default_corpus.NAME:
