@@ -95,12 +95,7 @@ def test_cli_json_has_every_method_and_its_table(tmp_path):
     """`python -m maelm_jax.flops --json`, as a user runs it, on the smallest tiny model (one
     encoder layer): every method's row, and the table a person reads comes back from it."""
     result = run_command_on_tiny(
-        "maelm_jax.flops",
-        tmp_path,
-        {"num_layers": 1, **NO_DROPOUT},
-        "--batch_size=16",
-        "--json",
-        timeout=600,
+        "maelm_jax.flops", tmp_path, {"num_layers": 1, **NO_DROPOUT}, "--batch_size=16", "--json"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
