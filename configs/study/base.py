@@ -8,7 +8,7 @@ unlabeled train text of the study's tasks, about 1M words for CoLA, SST-2, RTE a
 the demo's Python-docs corpus the default's export matched random init on STS-B after 150
 fine-tuning steps (docs/results.md). 800 steps of 8 x 128 read 0.8M of the task text's 2.2M
 tokens: with 100 fine-tuning steps at lr 1e-3 (study.py's defaults) the four objectives and
-the random-init row run in 74 minutes on this 2-core CPU, the issue's budget of 75.
+the random-init row run in 73 minutes on this 2-core CPU, the issue's budget of 75.
 `python -m maelm_jax.study` reads the four files beside this one.
 """
 

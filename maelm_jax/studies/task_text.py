@@ -15,6 +15,7 @@ once.
 import hashlib
 import os
 
+from maelm_jax.data.documents import TEXT_PREFIX
 from maelm_jax.glue import readers
 
 CORPUS_DIR = "corpus"
@@ -23,7 +24,7 @@ CORPUS_FILE = "train.txt"
 
 def dataset(study_dir: str) -> str:
     """The `text:` dataset the written corpus is read as."""
-    return f"text:{os.path.join(os.path.abspath(study_dir), CORPUS_DIR, CORPUS_FILE)}"
+    return TEXT_PREFIX + os.path.join(os.path.abspath(study_dir), CORPUS_DIR, CORPUS_FILE)
 
 
 def _document(example: readers.Example) -> str:
