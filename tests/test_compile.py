@@ -179,7 +179,7 @@ def test_a_fast_compile_near_the_limit_is_redone_at_full_effort(fast_and_near):
 
 
 @needs_libtpu
-def test_max_batch_fits_and_its_double_does_not(fast_and_near):
+def test_max_batch_fits_and_the_next_unit_does_not(fast_and_near):
     _, first = fast_and_near  # the same step, compiled at full effort (the probes' kind)
     assert (first.effort, first.batch_size) == ("full", 8)
     config = tiny_config(**NO_DROPOUT)  # no width needed; the smallest step compiles fastest
@@ -191,18 +191,8 @@ def test_max_batch_fits_and_its_double_does_not(fast_and_near):
     )
     assert found.unit == 4 and found.batch_size % found.unit == 0  # fsdp=4 shards the batch
     assert (found.batch_size, True) in {(b, ok) for b, ok, _ in found.probes}
-    # Exact: the next multiple of the unit was probed and does not fit.
+    # Exact: the next multiple of the unit was probed and does not fit (a compile of any
+    # larger batch, e.g. the double, would only say it again).
     assert (found.batch_size + found.unit, False) in {(b, ok) for b, ok, _ in found.probes}
-    config.batch_size = 2 * found.batch_size
-    # At full effort, as the probes (a fast compile this near the bound is only redone).
-    double = analyze.analyze(
-        configdict.freeze(config),
-        "v5p-8",
-        flops="skip",
-        step_time="skip",
-        hbm_bytes=hbm,
-        effort="full",
-    )
-    assert double.memory.total > hbm and not double.fits
     # The line through two probes predicts the edge: a few compiles, not a bisection's ten.
     assert len(found.probes) <= 4, found.probes
