@@ -91,18 +91,20 @@ def test_cpu_rows_carry_no_time_estimate(rows):
 
 
 @needs_libtpu
-def test_cli_json_has_every_methods_estimated_time_split_by_region(tmp_path):
-    """`python -m maelm_jax.flops --topology=... --json`, as a user runs it, at XLA's
-    fastest effort and on the smallest tiny model, one encoder layer (less compile time: 51
-    s against 73 s at 2 x 64): the checks are of the report's shape, which holds at any
-    effort and size, not of the estimates' values. (At batch 4, one row per chip, some
-    regions of 3ML get no time estimate.)"""
+def test_cli_json_has_the_methods_estimated_time_split_by_region(tmp_path):
+    """`python -m maelm_jax.flops --topology=... --methods=mae_lm --json`, as a user runs it,
+    at XLA's fastest effort and on the smallest tiny model, one encoder layer: the checks are
+    of the report's shape, which holds at any effort and size, not of the estimates' values.
+    Two methods (mlm comes unasked, as the base of the ratios) are half the TPU compiles of
+    four; the `rows` fixture above counts all of them on the CPU. (At batch 4, one row per
+    chip, some regions of 3ML get no time estimate.)"""
     result = run_command_on_tiny(
         "maelm_jax.flops",
         tmp_path,
         {"num_layers": 1, **NO_DROPOUT},
         "--topology=v5p-8",
         "--batch_size=16",
+        "--methods=mae_lm",
         "--json",
         env={"JAX_EXEC_TIME_OPTIMIZATION_EFFORT": "-1"},
         timeout=600,
@@ -112,7 +114,7 @@ def test_cli_json_has_every_methods_estimated_time_split_by_region(tmp_path):
     assert report["devices"] == "v5p-8 (4 chips, compile-only)"
     assert "batch 16 x seq 32" in report["model"]
     methods = report["methods"]
-    assert list(methods) == list(flops_by_method.METHODS)
+    assert list(methods) == ["mlm", "mae_lm"]
     base = methods["mlm"]
     for name, m in methods.items():
         assert m["seconds"] > 0, name
@@ -127,7 +129,19 @@ def test_cli_json_has_every_methods_estimated_time_split_by_region(tmp_path):
     rows = [flops_by_method.Row(**{f: m[f] for f in fields}) for m in methods.values()]
     text = flops_by_method.format_table(rows, "header").splitlines()
     timed = text.index(next(line for line in text if "optimal_seconds" in line))
-    assert [line.split()[0] for line in text[timed + 2 : timed + 6]] == list(methods)
+    assert [line.split()[0] for line in text[timed + 2 : timed + 4]] == list(methods)
+
+
+def test_cli_names_an_unknown_method_and_the_allowed_ones(tmp_path):
+    methods = "mae_lm,bert"
+    result = run_command_on_tiny(
+        "maelm_jax.flops", tmp_path, {"num_layers": 1}, f"--methods={methods}", timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if "maelm_jax.flops: error" in x]
+    assert f"--methods={methods}" in line
+    assert "unknown bert; allowed: mlm, mae_lm, 3ml_self, 3ml_cross" in line
+    assert result.stdout == ""
 
 
 def test_the_modern_backbone_counts_its_geglu_within_the_tolerance():

@@ -21,11 +21,14 @@ SSH = "gcloud compute tpus tpu-vm ssh"
 
 
 def launch(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The script as a shell runs it, its `python` this test's interpreter (first on PATH),
+    as in an activated virtualenv, whether or not pytest was started from one."""
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     return subprocess.run(
         ["bash", str(LAUNCH / script), *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PATH": path, **(env or {})},
         timeout=120,
     )
 
