@@ -7,19 +7,24 @@ pipeline's answer, the losses of a short sequence-classification fine-tune, and 
 sentence-transformers embedding of the first text.
 """
 
+import contextlib
+import io
 import json
+import logging
 import os
 import sys
 
 import numpy as np
 import torch
 from transformers import (
+    AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     pipeline,
 )
+from transformers.utils import logging as hf_logging
 
 NOUNS = ("river", "stone", "garden", "window", "letter", "morning", "harbor", "road")
 TARGET = "lantern"
@@ -67,7 +72,14 @@ def main(spec_path: str, out_dir: str) -> None:
     result = {}
     for kind, export in spec["exports"].items():
         path, remote, mlm = export["dir"], export["remote_code"], export["mlm"]
-        tok = AutoTokenizer.from_pretrained(path)
+        printed = io.StringIO()  # transformers' remote-code prompt and warnings, if any
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            hf_logging.add_handler(handler := logging.StreamHandler(printed))
+            try:
+                tok = AutoTokenizer.from_pretrained(path)  # no trust_remote_code, as a user
+                plain_config = type(AutoConfig.from_pretrained(path)).__name__
+            finally:
+                hf_logging.remove_handler(handler)
         auto = AutoModelForMaskedLM if mlm else AutoModel
         model = auto.from_pretrained(path, trust_remote_code=remote).eval()
         with torch.no_grad():
@@ -77,6 +89,8 @@ def main(spec_path: str, out_dir: str) -> None:
         np.save(os.path.join(out_dir, f"{kind}_hidden.npy"), hidden.numpy())
         entry = {
             "class": type(model).__name__,
+            "tokenizer_printed": printed.getvalue(),
+            "plain_config": plain_config,
             "token_ids": [tok(t)["input_ids"] for t in spec["texts"]],
             "special": {
                 "bos": tok.bos_token_id,

@@ -72,7 +72,7 @@ def reloaded(exports, tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "tests" / "hf_reload.py"), str(out / "spec.json"),
          str(out)],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "result.json").read_text()), out, ids
@@ -122,6 +122,20 @@ def test_tokenizer_ids_equal_the_pipelines(exports, reloaded):
     # Byte fallback reached: a character outside the tiny vocabulary became its bytes.
     cjk = result["mlm"]["token_ids"][2]
     assert any(exports["mlm"][1].tokenizer.id_to_piece(i).startswith("<0x") for i in cjk)
+
+
+def test_the_tokenizer_loads_without_remote_code_or_a_prompt(reloaded):
+    """`AutoTokenizer.from_pretrained(export)` with no `trust_remote_code`, as a script calls
+    it: transformers reads config.json first, and a config type of its own would make it ask
+    before running the export's code (a blocked script) and warn of a type mismatch. The
+    relative-bias export's model class still comes from its code (`MaelmModel` above)."""
+    result, _, _ = reloaded
+    for kind, got in result.items():
+        printed = got["tokenizer_printed"]
+        for sign in ("custom code", "trust_remote_code", "You are using a model of type"):
+            assert sign not in printed, (kind, printed[-2000:])
+        assert got["plain_config"] == "RobertaConfig", kind
+    assert result["mae_lm"]["class"] == "MaelmModel"
 
 
 def test_fill_mask_pipeline_agrees_with_jax(exports, reloaded):

@@ -50,10 +50,11 @@ def needs_remote_code(export_dir: str) -> bool:
 
 
 def tokenizer(export_dir: str):
-    """The export's own fast tokenizer. `AutoTokenizer` reads config.json first, and
-    transformers asks before it imports a config class an export ships (the relative-bias
-    exports do), so it gets the same `trust_remote_code` as the model: the tokenizer itself
-    is plain `tokenizer.json`, no code."""
+    """The export's own fast tokenizer (plain `tokenizer.json`, no code). `AutoTokenizer`
+    reads config.json first: today's exports say `"model_type": "roberta"` and load without
+    remote code, but relative-bias exports written before 2026-11-28 name a config type only
+    their shipped code defines, and transformers would stop to ask before importing it. So
+    the tokenizer gets the same `trust_remote_code` as the model."""
     from transformers import AutoTokenizer
 
     if not os.path.isfile(os.path.join(export_dir, "tokenizer.json")):

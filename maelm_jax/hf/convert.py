@@ -115,8 +115,14 @@ def hf_config(model_config: ModelConfig, vocab_size: int, with_lm_head: bool) ->
     table = relative_position_buckets(
         cfg.relative_attention_buckets, cfg.relative_attention_max_distance, cfg.max_positions
     )
+    # model_type "roberta", a type transformers knows, so that whatever reads config.json
+    # without trust_remote_code (AutoTokenizer does, before it reads the tokenizer files; so do
+    # AutoConfig and pipelines) gets RobertaConfig without asking whether to run our code. The
+    # model itself still needs the code: auto_map names our classes, which load only with
+    # trust_remote_code=True; without it transformers builds a plain RobertaModel and its load
+    # report names the bias table UNEXPECTED (docs/export.md).
     config.update(
-        model_type="maelm_roberta",
+        model_type="roberta",
         architectures=["MaelmForMaskedLM" if with_lm_head else "MaelmModel"],
         relative_attention_num_buckets=cfg.relative_attention_buckets,
         relative_attention_max_distance=cfg.relative_attention_max_distance,

@@ -30,9 +30,12 @@ from transformers.models.roberta.modeling_roberta import (
 
 class MaelmConfig(RobertaConfig):
     """RoBERTa's config plus the bias: `relative_attention_num_buckets` rows of per-head
-    biases and the offset -> bucket table (length 2 * (max_position_embeddings - 2) - 1)."""
+    biases and the offset -> bucket table (length 2 * (max_position_embeddings - 2) - 1).
+    Its model_type is RoBERTa's: config.json says "roberta", so that AutoTokenizer and
+    AutoConfig load an export without remote code, and a config saved from this class says
+    the same."""
 
-    model_type = "maelm_roberta"
+    model_type = "roberta"
 
     def __init__(
         self,
