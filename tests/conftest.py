@@ -6,14 +6,11 @@ import shutil
 import sys
 import tempfile
 
-# Tiny test programs spend far longer in LLVM than running; level 0 halves compile time, and
-# the classic fusion emitters (not the MLIR ones) more than halve what is left (a sharded
-# train step: 21.5 s -> 9.2 s of compiles, the same loss). tests/process_runs.py sets the same.
+from xla_flags import FAST_COMPILE  # tests/ is on sys.path (pytest puts it there)
+
+# Compile-time flags for tiny programs (xla_flags.py); tests/process_runs.py sets the same.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8"
-    + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    + " --xla_cpu_use_fusion_emitters=false"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 " + FAST_COMPILE
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session: the xdist workers and every process the

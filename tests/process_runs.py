@@ -15,6 +15,7 @@ import sys
 import time
 
 from tiny_configs import REPO_ROOT
+from xla_flags import FAST_COMPILE
 
 DEVICES_PER_PROCESS = 4
 
@@ -31,12 +32,7 @@ def process_env(devices: int = DEVICES_PER_PROCESS) -> dict[str, str]:
     replace the pytest process's (which asks for 8 devices)."""
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_FLAGS"] = (
-        f"--xla_force_host_platform_device_count={devices}"
-        # Tiny programs spend far longer in LLVM than running (as in conftest.py).
-        " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-        " --xla_cpu_use_fusion_emitters=false"
-    )
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
 
