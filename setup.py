@@ -12,14 +12,12 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["maelm_jax", "maelm_jax.*", "configs", "configs.*"]),
-    # jax 0.11 needs Python 3.12 and ran the step unchanged on an H200 (docs/results.md):
-    # Python 3.12 gets it, 3.11 (CI) the last release it can install, 0.10.2. jax 0.12 stays
-    # out: on Python 3.12 (CPU, 2026-11-28) the suite's training, checkpoint, multi-process
-    # and sharding tests pass on 0.12.0.1, but it dropped the compile option the TPU
-    # preflight's fast compile sets (`exec_time_optimization_effort`, aot/compile_step.py;
-    # 0.12 has `optimization_level` instead), so compile, flops and the preflight fail there.
+    # jax 0.11 and 0.12 need Python 3.12; 3.11 (CI) gets the last release it can install,
+    # 0.10.2. jax 0.11.2 ran the step unchanged on an H200 (docs/results.md). jax 0.12.0.1
+    # (libtpu 0.0.50.1) passed every test that needs no torch on Python 3.12, CPU and TPU
+    # compiles, on 2026-11-28; it has not run on a GPU yet, so the gpu extra stops at 0.11.
     install_requires=[
-        "jax>=0.10.2,<0.12",
+        "jax>=0.10.2,<0.13",
         "flax>=0.12.8,<0.13",
         "optax>=0.2.8,<0.3",
         "orbax-checkpoint>=0.12.8,<0.13",
@@ -36,7 +34,7 @@ setup(
         # NVIDIA GPUs (CUDA 13 wheels; docs/results.md was measured on jax 0.11.2).
         "gpu": ["jax[cuda13]>=0.10.2,<0.12"],
         # Cloud TPU VMs; also lets `python -m maelm_jax.compile` target TPUs from a CPU host.
-        "tpu": ["jax[tpu]>=0.10.2,<0.12"],
+        "tpu": ["jax[tpu]>=0.10.2,<0.13"],
         # Checkpoint export to HuggingFace (`python -m maelm_jax.export`). Ranges, so an
         # environment's own torch and transformers stay (tested on torch 2.13; 2.14 and 2.15
         # resolve). On CPU-only machines install the CPU wheel first (pip install torch
@@ -72,7 +70,7 @@ setup(
             "pytest>=8",
             "pytest-xdist>=3.5",
             "ruff>=0.6",
-            "jax[tpu]>=0.10.2,<0.12",
+            "jax[tpu]>=0.10.2,<0.13",
             # Pinned for CI only: this CI machine has a local CPU wheel of exactly 2.13.0,
             # and any other version pulls gigabytes of CUDA packages there.
             "torch==2.13.0",

@@ -14,7 +14,7 @@ written in place) + temporaries + the program itself; the compiler's own verdict
 with the chip's usable HBM (the compiler's number, a little under the published one).
 
 Effort: by default (`--effort=fast`) the compile asks libtpu for less work on the program's
-speed (XLA's `exec_time_optimization_effort=-1`; memory fitting as usual): mae_lm_large on
+speed (XLA's `optimization_level` O0; memory fitting as usual): mae_lm_large on
 v5p-64 compiles in about 105 s instead of 152 to 174 s on a 2-core CPU. Its memory is not
 quite the training compile's: a full compile's scheduler spends spare HBM (on overlap), so
 its total is higher, by 0.4% to 6.4% in the large configs measured (docs/results.md, "Pod

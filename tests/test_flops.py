@@ -106,7 +106,7 @@ def test_cli_json_has_the_methods_estimated_time_split_by_region(tmp_path):
         "--batch_size=16",
         "--methods=mae_lm",
         "--json",
-        env={"JAX_EXEC_TIME_OPTIMIZATION_EFFORT": "-1"},
+        env={"JAX_OPTIMIZATION_LEVEL": "O0"},
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]

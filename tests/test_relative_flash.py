@@ -119,7 +119,14 @@ def test_the_kernel_lowered_for_a_gpu_holds_no_array_of_the_scores_size():
 
     args = (x, x, x, ints, ints, jax.ShapeDtypeStruct((64, n), jnp.float32), jnp.uint32(0))
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 5)))
-    text = grad.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    # The GPU the kernels are lowered for: from jax 0.12 Triton lowering asks the device for
+    # its compute capability, and a CPU-only host has none unless the mesh names one.
+    h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=132, platform="gpu")
+    on_gpu = jax.sharding.AbstractMesh(
+        (1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=h100
+    )
+    with jax.sharding.use_abstract_mesh(on_gpu):
+        text = grad.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 3
     assert f"{n}x{t}x{t}x" not in text and f"{t}x{t}x{n}x" not in text
     assert f"tensor<{b}x{t}x{t}xi8>" in text

@@ -13,7 +13,12 @@ from maelm_jax.config import configdict
 from maelm_jax.config.run_config import RunConfig
 from maelm_jax.step import programs, sharding
 
-FAST = {"exec_time_optimization_effort": -1.0}  # XLA's range is [-1, 1]; 0 is training's
+# XLA's lowest effort level for the program's speed, O0 (its EffortLevel enum: 9; training
+# compiles at the default). jax 0.10 and 0.11 also took the older float knob,
+# `exec_time_optimization_effort=-1`, which jax 0.12 no longer accepts; on jax 0.10.2 with
+# libtpu 0.0.42 the two give the same programs (the same memory and time estimate, on a tiny
+# and a 4 x 256 step for v5p-8).
+FAST = {"optimization_level": 9}
 # The counting program's matmuls stay whole; the arithmetic is the same either way.
 NO_WINDOWED_EINSUM = {
     "xla_tpu_enable_windowed_einsum_for_all_gather": False,
