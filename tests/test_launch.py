@@ -344,7 +344,7 @@ def test_the_gpu_bench_refuses_an_unknown_part_before_it_runs_anything(tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "unknown part 'kernals': use a comma-separated list of "
-        "tests,relative,pair,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern_pair,modern32,before,"
-        "variants,mae_variants,bias,kernels"
+        "tests,relative,pair,roberta,xla_dropout,roberta_peer,modern_peer,compiled_peers,modern,"
+        "modern_pair,modern32,before,variants,mae_variants,bias,kernels"
     ]
     assert not (tmp_path / "out").exists()

@@ -14,6 +14,9 @@
 #   xla_dropout  mlm_base at 64 x 512 with attention dropout on XLA, in its own process
 #   roberta_peer HuggingFace PyTorch RobertaForMaskedLM at 64 x 512: mlm_base's "ours / HF"
 #   modern_peer  ModernBertForMaskedLM at 8 x 1024 and 32 x 1024: the modern configs'
+#   compiled_peers  the two peers under torch.compile (issue #52), eager beside each in the
+#             same process: RoBERTa at 64 x 512 and ModernBERT at 8 x 1024, default mode
+#             (a training step's compile takes minutes; `torch_peer` takes compile-MODE)
 #   modern    the modern backbone's methods at 8 x 1024
 #   modern_pair  modern_mlm_base and modern_mae_lm_base at 8 x 1024, the latter also padded
 #             per layer as `pair` does and with its decoder's remat "dots_saveable" (the
@@ -32,7 +35,7 @@
 # root, whose package and configs they use.
 #
 # Usage: bash launch/gpu/bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,PART,...]
-# Default parts: all, about 30 minutes on an H200 (a roberta-size config compiles in 39 to
+# Default parts: all, about 40 minutes on an H200 (a roberta-size config compiles in 39 to
 # 85 s in a group, mae_lm_base the longest; the roberta group of four ran 6 minutes); a
 # lease of 15 minutes of device time takes them in three calls. The groups log each
 # config's compile and each round's ms/step as they go, so a part cut off by its limit
@@ -41,7 +44,7 @@
 # clu, torch and transformers; TensorFlow is not needed (jax_speed stands in for it).
 set -uo pipefail
 
-all=tests,relative,pair,roberta,xla_dropout,roberta_peer,modern_peer,modern,modern_pair,modern32,before,variants,mae_variants,bias,kernels
+all=tests,relative,pair,roberta,xla_dropout,roberta_peer,modern_peer,compiled_peers,modern,modern_pair,modern32,before,variants,mae_variants,bias,kernels
 out=${1:?usage: bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,...] (parts: $all)}
 before=${2:--}
 parts=,${3:-$all},
@@ -116,6 +119,12 @@ fi
 if wanted modern_peer; then
   part 80 "peers: ModernBERT" python3 -m maelm_jax.benchmarks.torch_peer "$results" 50368 \
     mb8=modernbert-base@8x1024 mb32=modernbert-base@32x1024
+fi
+if wanted compiled_peers; then
+  part 420 "peers: torch.compile" python3 -m maelm_jax.benchmarks.torch_peer "$results" 32768 \
+    roberta_eager=roberta-base@64x512 roberta_compile=roberta-base@64x512:compile
+  part 300 "peers: ModernBERT, torch.compile" python3 -m maelm_jax.benchmarks.torch_peer \
+    "$results" 50368 mb8_eager=modernbert-base@8x1024 mb8_compile=modernbert-base@8x1024:compile
 fi
 if wanted modern; then
   part 240 modern "${speed[@]}" "$results" \

@@ -3,7 +3,11 @@ ModernBertForMaskedLM, random init, bf16 autocast, SDPA attention, fused AdamW, 
 tokens as labels. Prints tokens/s per model; the project's JAX step on the same shapes is
 jax_speed's.
 
-Usage: python -m maelm_jax.benchmarks.torch_peer OUTDIR VOCAB name=model@batchxseq[:compile] ...
+A spec's `:compile` runs the model under `torch.compile` (the peer a user who cares about
+speed runs, issue #52), `:compile-MODE` with that mode (`max-autotune`, `reduce-overhead`, ...);
+the warm-up steps, where it compiles, are timed apart from the measured ones.
+
+Usage: python -m maelm_jax.benchmarks.torch_peer OUTDIR VOCAB name=model@BxS[:compile[-MODE]] ...
 """
 
 import functools
@@ -39,6 +43,16 @@ def build(model, vocab):
     raise SystemExit(f"unknown model {model}")
 
 
+def compiled(model, mode: str):
+    """The model as the spec's mode runs it: eager (""), or torch.compile's (default) mode."""
+    if not mode:
+        return model
+    kind, _, compile_mode = mode.partition("-")
+    if kind != "compile":
+        raise SystemExit(f"unknown mode {mode!r}: use compile or compile-MODE")
+    return torch.compile(model, mode=compile_mode or None)
+
+
 def train_step(step_model, opt, ids, labels):
     """One bf16-autocast forward, backward and fused AdamW update."""
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
@@ -70,7 +84,7 @@ def main(out: str, vocab: int, specs: list[str]) -> None:
             torch.manual_seed(0)
             model = build(model_name, vocab).to(DEVICE)
             model.train()
-            step_model = torch.compile(model) if mode == "compile" else model
+            step_model = compiled(model, mode)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
             ids = torch.randint(5, vocab, (batch, seq), device=DEVICE)
             labels = torch.full_like(ids, -100)
@@ -79,9 +93,11 @@ def main(out: str, vocab: int, specs: list[str]) -> None:
 
             step = functools.partial(train_step, step_model, opt, ids, labels)
 
+            start = time.perf_counter()
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
+            warmup_s = time.perf_counter() - start
             times = []
             for _ in range(4):
                 start = time.perf_counter()
@@ -99,6 +115,7 @@ def main(out: str, vocab: int, specs: list[str]) -> None:
                 "seq": seq,
                 "mode": mode or "eager",
                 "step_s": med,
+                "warmup_s": warmup_s,  # 3 steps: the compile, where there is one
                 "tokens_per_sec": batch * seq / med,
                 "params": params,
                 "loss": float(loss),
