@@ -23,6 +23,9 @@ setup(
         "orbax-checkpoint>=0.12.8,<0.13",
         "tensorflow-cpu>=2.21,<2.22",
         "tensorflow-datasets>=4.9.10,<5",
+        # TFDS's own builders (glue, wikipedia, c4) find their checksums through it, and
+        # TFDS 4.9 does not declare it: without it `finetune`'s TFDS GLUE failed to load.
+        "importlib_resources>=6",
         "tensorboard>=2.21,<2.22",
         "sentencepiece>=0.2.1,<0.3",
         "ml-collections>=1.1,<2",

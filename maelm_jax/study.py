@@ -5,7 +5,9 @@ Each config (an objective) is pretrained through the ordinary training path, exp
 fine-tuned on GLUE and measured (the last layer's effective rank), and the first config's
 architecture is fine-tuned again from random init, the row that says whether pretraining
 helped. The default configs (configs/study/) are a scale a 2-core CPU runs in about an hour;
-the paper configs work unchanged on a pod. `maelm_jax/studies/` holds the stages and report.
+the paper configs work unchanged on one host (a GPU machine, a single-host TPU VM). A study is
+one process in a local folder (docs/evaluation.md says why). `maelm_jax/studies/` holds the
+stages and report.
 """
 
 import json
@@ -58,6 +60,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     from maelm_jax.studies import plan
 
+    plan.check_study_dir(FLAGS.study_dir)
     cli.quiet_library_logs()  # Orbax narrates every step at INFO
 
     try:

@@ -343,3 +343,14 @@ def test_from_tfds_refuses_unlabeled_test_rows_and_bad_labels():
         readers.from_tfds(TASKS["mnli"], {**features, "label": np.int64(3)})
     with pytest.raises(GlueDataError, match="lacks feature"):
         readers.from_tfds(TASKS["qnli"], {**features, "label": np.int64(0)})
+
+
+def test_tfds_glue_builders_reach_their_download(tmp_path):
+    """`finetune`'s default data, TFDS's `glue/<task>`, finds its download checksums next to
+    its code through `importlib_resources`, which TFDS 4.9 imports but does not declare
+    (setup.py installs it). Without it every task failed before downloading anything."""
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder("glue/cola", data_dir=str(tmp_path))
+    assert builder.code_path.name == "glue.py"
+    assert "https://dl.fbaipublicfiles.com/glue/data/CoLA.zip" in builder.url_infos

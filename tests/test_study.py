@@ -19,8 +19,9 @@ from tiny_configs import REPO_ROOT, tiny_config
 from maelm_jax.config import configdict
 from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
 from maelm_jax.data import documents, preparation
+from maelm_jax.glue.recipe import Recipe
 from maelm_jax.glue.tasks import TASKS
-from maelm_jax.studies import task_text
+from maelm_jax.studies import plan, task_text
 
 CONFIG = """from configs import default
 
@@ -157,3 +158,71 @@ def test_study_runs_every_stage_resumes_after_a_kill_and_refuses_a_changed_confi
     assert "another config 'mlm' (num_train_steps changed)" in last, last
     assert (study_dir / "results.json").stat().st_mtime_ns == results_stamp
     assert os.listdir(study_dir / "mlm" / "workdir" / "checkpoints") == ["6"]
+
+
+def test_a_remote_study_dir_is_refused_in_one_line_and_nothing_is_written(tmp_path):
+    """`gs://` would have become a local folder named `gs:`, one per host."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "maelm_jax.study", "--study_dir=gs://bucket/study"],
+        cwd=tmp_path,
+        env={**process_env(1), "PYTHONPATH": str(REPO_ROOT)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    (line,) = [x for x in proc.stderr.splitlines() if "maelm_jax.study: error" in x]
+    assert "--study_dir=gs://bucket/study: a study lives in a local folder" in line, line
+    assert "gcsfuse" in line and proc.stdout == ""
+    assert os.listdir(tmp_path) == []
+
+
+def _configs(**changes) -> dict:
+    configs = {"mlm": tiny_config("mlm"), "mae_lm": tiny_config("mae_lm")}
+    for key, value in changes.items():
+        configs["mae_lm"][key] = value
+    return configs
+
+
+@pytest.mark.parametrize(
+    "configs,overrides,named",
+    [
+        (
+            lambda: {"random_init": tiny_config("mlm")},
+            {},
+            "'random_init' names the random-init row's folder; rename the file",
+        ),
+        (
+            lambda: _configs(batch_size=16),
+            {},
+            "mae_lm and mlm differ in batch_size; a study's objectives share one corpus",
+        ),
+        (lambda: _configs(), {"model.no_such_key": "1"}, "--overrides model.no_such_key: the"),
+        (
+            lambda: _configs(),
+            {"num_train_steps": "'ten'"},
+            "--overrides num_train_steps='ten': takes a int (now ",
+        ),
+    ],
+    ids=["reserved_name", "shared_key_differs", "unknown_override", "override_of_another_type"],
+)
+def test_configs_a_study_cannot_compare_are_refused_by_name(configs, overrides, named):
+    with pytest.raises(ConfigError) as e:
+        plan.with_overrides(configs(), overrides)
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_folder_of_other_files_is_not_taken_for_a_study(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    study = plan.Study(
+        configs=_configs(),
+        tasks=(TASKS["sst2"],),
+        recipe=Recipe(),
+        glue_dir=None,
+        rank_tokens=64,
+    )
+    with pytest.raises(ConfigError) as e:
+        plan.claim(str(tmp_path), study)
+    assert f"--study_dir={tmp_path} exists, is not empty and holds no spec.json" in str(e.value)
+    assert os.listdir(tmp_path) == ["notes.txt"]

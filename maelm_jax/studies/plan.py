@@ -87,6 +87,19 @@ def _typed(text: str, current, key: str):
     return value
 
 
+def check_study_dir(study_dir: str) -> None:
+    """A study lives in one local folder: its stage markers and spec are local files, and
+    transformers fine-tunes an export read from disk. A URL (`gs://...`) would have become a
+    local folder named `gs:` on every host, so it is refused; a bucket mounted as a folder
+    (gcsfuse) is a local path."""
+    scheme, sep, _ = study_dir.partition("://")
+    if sep:
+        raise ConfigError(
+            f"--study_dir={study_dir}: a study lives in a local folder ({scheme}:// is not "
+            "one); give a local path, or the bucket mounted as a folder (gcsfuse)"
+        )
+
+
 def claim(study_dir: str, study: Study) -> None:
     """Writes spec.json into a new study directory, or checks it against the one there."""
     path = os.path.join(study_dir, SPEC_FILE)
