@@ -35,9 +35,10 @@
 # root, whose package and configs they use.
 #
 # Usage: bash launch/gpu/bench.sh OUTDIR [BEFORE_CHECKOUT|-] [PART,PART,...]
-# Default parts: all, about 40 minutes on an H200 (a roberta-size config compiles in 39 to
-# 85 s in a group, mae_lm_base the longest; the roberta group of four ran 6 minutes); a
-# lease of 15 minutes of device time takes them in three calls. The groups log each
+# Default parts: all, about 30 minutes on an H200 before compiled_peers was added (its two
+# limits allow 12 more; not yet run on a GPU). A roberta-size config compiles in 39 to 85 s
+# in a group, mae_lm_base the longest; the roberta group of four ran 6 minutes. A lease of
+# 15 minutes of device time takes them in three calls or more. The groups log each
 # config's compile and each round's ms/step as they go, so a part cut off by its limit
 # still says what it measured.
 # Needs python3 with jax[cuda], flax, optax, orbax-checkpoint, sentencepiece, ml-collections,
