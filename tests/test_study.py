@@ -42,11 +42,11 @@ def get_config():
 """
 
 
-def _study(args, wait=True):
+def _study(args, wait=True, cwd=REPO_ROOT):
     proc = subprocess.Popen(
         [sys.executable, "-m", "maelm_jax.study", *args],
-        cwd=REPO_ROOT,
-        env={**process_env(1), "OMP_NUM_THREADS": "1"},
+        cwd=cwd,
+        env={**process_env(1), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -162,19 +162,11 @@ def test_study_runs_every_stage_resumes_after_a_kill_and_refuses_a_changed_confi
 
 def test_a_remote_study_dir_is_refused_in_one_line_and_nothing_is_written(tmp_path):
     """`gs://` would have become a local folder named `gs:`, one per host."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "maelm_jax.study", "--study_dir=gs://bucket/study"],
-        cwd=tmp_path,
-        env={**process_env(1), "PYTHONPATH": str(REPO_ROOT)},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    (line,) = [x for x in proc.stderr.splitlines() if "maelm_jax.study: error" in x]
+    rc, out, err = _study(["--study_dir=gs://bucket/study"], cwd=tmp_path)
+    assert rc != 0
+    (line,) = [x for x in err.splitlines() if "maelm_jax.study: error" in x]
     assert "--study_dir=gs://bucket/study: a study lives in a local folder" in line, line
-    assert "gcsfuse" in line and proc.stdout == ""
+    assert "gcsfuse" in line and out == ""
     assert os.listdir(tmp_path) == []
 
 
