@@ -16,7 +16,7 @@ from ml_collections import config_flags
 from maelm_jax.checkpoints import workdir_lease
 from maelm_jax.config import cli, configdict
 from maelm_jax.config.run_config import ConfigError, RunConfig
-from maelm_jax.hardware import multihost, platforms
+from maelm_jax.hardware import distributed, multihost, platforms
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -31,26 +31,6 @@ flags.DEFINE_integer(
     "profiler_port", 0, "If > 0, serve jax.profiler here, so traces can be captured on demand."
 )
 flags.mark_flags_as_required(["config", "workdir"])
-
-
-def initialize_distributed() -> None:
-    """Joins the other processes: explicitly when coordinator flags are given, otherwise
-    whenever JAX's cluster auto-detection recognises a multi-host environment."""
-    if FLAGS.coordinator_address:
-        # Only CPU devices use it; a GPU/TPU run ignores the setting.
-        jax.config.update("jax_cpu_collectives_implementation", FLAGS.cpu_collectives)
-        jax.distributed.initialize(
-            coordinator_address=FLAGS.coordinator_address,
-            num_processes=FLAGS.num_processes,
-            process_id=FLAGS.process_id,
-        )
-        return
-    # The detectors `jax.distributed.initialize()` itself uses (TPU pods, SLURM, Open MPI,
-    # Kubernetes); called without a cluster it would fail, so ask them first.
-    from jax._src import clusters
-
-    if any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types):
-        jax.distributed.initialize()
 
 
 def _take_lease(workdir) -> workdir_lease.Lease | None:
@@ -71,7 +51,9 @@ def main(argv):
     platforms.skip_absent_tpu()
     run = configdict.freeze(FLAGS.config)
     workdir_lease.check_workdir(FLAGS.workdir)
-    initialize_distributed()
+    distributed.initialize(
+        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.cpu_collectives
+    )
     lease = _take_lease(FLAGS.workdir)
     status, failure = 1, None
     try:

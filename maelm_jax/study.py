@@ -5,19 +5,20 @@ Each config (an objective) is pretrained through the ordinary training path, exp
 fine-tuned on GLUE and measured (the last layer's effective rank), and the first config's
 architecture is fine-tuned again from random init, the row that says whether pretraining
 helped. The default configs (configs/study/) are a scale a 2-core CPU runs in about an hour;
-the paper configs work unchanged on one host (a GPU machine, a single-host TPU VM). A study is
-one process in a local folder (docs/evaluation.md says why). `maelm_jax/studies/` holds the
-stages and report.
+the paper configs work unchanged, on one host or on a pod, where every host runs the same
+command in one shared folder: every host pretrains, process 0 does the rest
+(`studies/hosts.py`). `maelm_jax/studies/` holds the stages and report.
 """
 
 import json
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from maelm_jax.config import cli
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import readers, recipe, tasks
+from maelm_jax.hardware import distributed
 
 FLAGS = flags.FLAGS
 STUDY_CONFIGS = ("mlm", "mae_lm", "three_ml_self", "three_ml_cross")
@@ -43,6 +44,14 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_seq_length", 64, "Fine-tuning tokens per row.")
     flags.DEFINE_integer("rank_tokens", 4096, "Tokens for the effective rank.")
     flags.DEFINE_bool("json", False, "Print results.json's table instead of the markdown.")
+    flags.DEFINE_string(
+        "coordinator_address", None, "host:port of process 0 (manual multi-process)."
+    )
+    flags.DEFINE_integer("num_processes", None, "Number of processes (manual multi-process).")
+    flags.DEFINE_integer("process_id", None, "This process's index (manual multi-process).")
+    flags.DEFINE_string(
+        "cpu_collectives", "gloo", "CPU collectives for multi-process CPU runs ('gloo' or 'mpi')."
+    )
 
 
 def _overrides() -> dict:
@@ -89,13 +98,31 @@ def main(argv):
         glue_dir=FLAGS.glue_dir,
         rank_tokens=FLAGS.rank_tokens,
     )
+    distributed.initialize(
+        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.cpu_collectives
+    )
+    from maelm_jax.hardware import multihost
+
+    try:
+        _run(study)
+    except BaseException:
+        multihost.leave_together()  # process 0 hosts the job: it leaves last
+        raise
+
+
+def _run(study) -> None:
     from maelm_jax.glue.search import load_data
+    from maelm_jax.studies import hosts, plan, report, stages
 
-    load_data(study.tasks, FLAGS.glue_dir, None)  # bad or missing data: refused before pretraining
-    plan.claim(FLAGS.study_dir, study)
-    from maelm_jax.studies import report, stages
-
+    # Bad or missing data is refused before pretraining; process 0 alone fine-tunes, so it
+    # alone reads (or downloads) GLUE.
+    hosts.on_process_0("reading GLUE", lambda: load_data(study.tasks, FLAGS.glue_dir, None))
+    hosts.on_process_0("claiming the study folder", lambda: plan.claim(FLAGS.study_dir, study))
+    hosts.check_shared(FLAGS.study_dir, plan.SPEC_FILE)
     results = stages.run_all(study, FLAGS.study_dir)
+    if results is None:
+        logging.info("study: every objective is pretrained; process 0 does the rest")
+        return
     table, text = report.write(FLAGS.study_dir, results, [t.name for t in study.tasks])
     print(json.dumps(table) if FLAGS.json else text)
 

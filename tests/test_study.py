@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from process_runs import process_env
+from process_runs import free_port, process_env
 from test_glue_data import STSB_HEADER, write_glue
 from text_corpora import sample_document
 from tiny_configs import REPO_ROOT, tiny_config
@@ -168,6 +168,72 @@ def test_a_remote_study_dir_is_refused_in_one_line_and_nothing_is_written(tmp_pa
     assert "--study_dir=gs://bucket/study: a study lives in a local folder" in line, line
     assert "gcsfuse" in line and out == ""
     assert os.listdir(tmp_path) == []
+
+
+def _on_processes(args_of: list[list[str]], timeout: float = 500) -> list[tuple[int, str, str]]:
+    """One study process per entry of `args_of`, joined on localhost with gloo like a pod's
+    hosts; (returncode, stdout, stderr) of each, every one killed past `timeout`."""
+    joined = [f"--coordinator_address=localhost:{free_port()}", f"--num_processes={len(args_of)}"]
+    procs = [
+        _study([*args, *joined, f"--process_id={i}"], wait=False) for i, args in enumerate(args_of)
+    ]
+    deadline, results = time.monotonic() + timeout, []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
+
+
+def test_on_two_processes_both_pretrain_and_process_0_alone_does_the_rest(tmp_path):
+    """A pod's study: every host pretrains in one `jax.distributed` job, process 0 exports
+    (in a runtime of its own), fine-tunes, measures and prints the table."""
+    config = tmp_path / "mlm.py"
+    config.write_text(CONFIG.format(objective="mlm"))
+    glue = _sst2(tmp_path / "glue", [_one_line(i) for i in range(120)], dev=["a dev one ."] * 8)
+    study_dir = tmp_path / "study"
+    args = [
+        f"--study_dir={study_dir}", f"--configs={config}", "--tasks=sst2", f"--glue_dir={glue}",
+        "--seeds=1", "--max_steps=2", "--rank_tokens=64",
+    ]  # fmt: skip
+
+    (rc0, out0, err0), (rc1, out1, err1) = _on_processes([args, args])
+
+    assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
+    assert "over 2 processes" in err0  # one mesh of both processes' devices
+    assert "every objective is pretrained; process 0 does the rest" in err1
+    assert "| random_init |" in out0 and "|" not in out1  # (gloo prints to stdout)
+    for stage in ("pretrain", "export", "finetune", "rank"):
+        assert (study_dir / "mlm" / f"{stage}.json").is_file(), stage
+    with open(study_dir / "results.json") as f:
+        table = {r["row"]: r for r in json.load(f)["table"]}
+    assert list(table) == ["mlm", "random_init"]
+    assert table["mlm"]["last-layer rank"] > 1 and table["mlm"]["final eval loss"] > 0
+
+
+def test_on_two_processes_a_folder_one_host_cannot_see_is_refused_before_pretraining(
+    tmp_path,
+):
+    """Process 1 given another folder stands for a host without the shared mount."""
+    config = tmp_path / "mlm.py"
+    config.write_text(CONFIG.format(objective="mlm"))
+    glue = _sst2(tmp_path / "glue", [_one_line(i) for i in range(8)], dev=["a dev one ."] * 2)
+    args = [f"--configs={config}", "--tasks=sst2", f"--glue_dir={glue}", "--seeds=1"]
+
+    results = _on_processes(
+        [[f"--study_dir={tmp_path / 'study'}", *args], [f"--study_dir={tmp_path / 'b'}", *args]]
+    )
+
+    lines = [err.strip().splitlines()[-1] for _, _, err in results]
+    assert [rc for rc, _, _ in results] == [1, 1], lines
+    assert "process 1 does not see the spec.json that process 0 wrote" in lines[1], lines
+    assert "NFS" in lines[1] and "process(es) [1] failed" in lines[0], lines
+    assert not (tmp_path / "study" / "mlm").exists()  # nothing pretrained
 
 
 def _configs(**changes) -> dict:

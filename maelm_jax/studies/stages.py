@@ -1,6 +1,7 @@
 """A study's stages, each done once: the corpus (when the configs name the study's own),
-then pretrain -> export -> finetune -> rank per objective, and finetune alone for the
-random-init row.
+pretraining of every objective, then export -> finetune -> rank per objective, and finetune
+alone for the random-init row. On several processes (a pod) every process pretrains and
+process 0 alone does the rest (`hosts`).
 
 A finished stage leaves `<row>/<stage>.json` (its measurements, written whole or not at all),
 and is never redone. A stage killed midway is redone from where its own work allows:
@@ -18,7 +19,8 @@ from absl import logging
 from maelm_jax.config import configdict
 from maelm_jax.config.run_config import STUDY_TASK_TEXT
 from maelm_jax.glue.search import run_search, write_json
-from maelm_jax.studies import task_text
+from maelm_jax.hardware import multihost
+from maelm_jax.studies import hosts, task_text
 from maelm_jax.studies.plan import RANDOM_ROW, Study
 
 
@@ -42,18 +44,44 @@ def once(study_dir: str, row: str, stage: str, work) -> dict:
     return result
 
 
+def once_together(study_dir: str, row: str, stage: str, work) -> dict | None:
+    """`once` for a stage every process runs (collective): all agree on whether it is done,
+    `work()` returns the result on process 0 alone, which writes the marker, and nobody
+    goes on before it is written. None on the other processes."""
+    path = _marker(study_dir, row, stage)
+    if multihost.all_true(os.path.isfile(path)):
+        with open(path) as f:
+            logging.info("study: %s/%s already done", row, stage)
+            return json.load(f)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    logging.info("study: %s/%s starting", row, stage)
+    start = time.perf_counter()
+    result = work()
+    if result is not None:
+        result = {**result, "seconds": time.perf_counter() - start}
+        write_json(path, result)
+        logging.info("study: %s/%s done in %.0f s", row, stage, result["seconds"])
+    multihost.all_true(True)  # a barrier: the marker exists before anyone reads it
+    return result
+
+
 def _metrics_lines(workdir: str) -> list[dict]:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def pretrain(config, workdir: str) -> dict:
-    """The ordinary `main` path (train_and_evaluate), then what the table reports of it."""
+def pretrain(config, workdir: str) -> dict | None:
+    """The ordinary `main` path (train_and_evaluate), then what the table reports of it:
+    on process 0, the one that writes the metrics (None on the others)."""
+    import jax
+
     from maelm_jax.model import flop_count
     from maelm_jax.training import train
 
     run = configdict.freeze(config)
     train.train_and_evaluate(run, workdir)
+    if jax.process_index() != 0:
+        return None
     lines = _metrics_lines(workdir)
     evals = [m["eval/loss"] for m in lines if "eval/loss" in m]
     rates = [m["tokens_per_sec"] for m in lines if "tokens_per_sec" in m]
@@ -71,11 +99,14 @@ def pretrain(config, workdir: str) -> dict:
     }
 
 
-def export(workdir: str, out: str) -> dict:
-    from maelm_jax.hf.export import export as export_checkpoint
-
+def export(workdir: str, out: str, fresh_runtime: bool) -> dict:
     if not os.path.isfile(os.path.join(out, "config.json")):  # else: done, marker lost
-        export_checkpoint(workdir, out)
+        if fresh_runtime:
+            hosts.run_command("export", f"--workdir={workdir}", f"--output_dir={out}")
+        else:
+            from maelm_jax.hf.export import export as export_checkpoint
+
+            export_checkpoint(workdir, out)
     from safetensors import safe_open
 
     with safe_open(os.path.join(out, "model.safetensors"), "np") as f:
@@ -103,10 +134,16 @@ def finetune(study: Study, export_dir: str, out: str, init: str) -> dict:
     }
 
 
-def rank(workdir: str, out: str, num_tokens: int) -> dict:
-    from maelm_jax.inspection import representation_rank
+def rank(workdir: str, out: str, num_tokens: int, fresh_runtime: bool) -> dict:
+    if fresh_runtime:
+        args = (f"--workdir={workdir}", f"--output_dir={out}", f"--num_tokens={num_tokens}")
+        hosts.run_command("analysis", *args)
+        with open(os.path.join(out, "rank.json")) as f:
+            result = json.load(f)
+    else:
+        from maelm_jax.inspection import representation_rank
 
-    result = representation_rank.run(workdir, out, None, num_tokens, None)
+        result = representation_rank.run(workdir, out, None, num_tokens, None)
     no_mask = result["conditions"]["no_mask"]
     return {
         "last_layer_entropy_rank": no_mask["entropy"][-1],
@@ -119,11 +156,14 @@ def with_corpus(study: Study, study_dir: str) -> dict:
     all do or none, plan.SHARED_KEYS), it is written once and each config points at it."""
     if next(iter(study.configs.values())).dataset != STUDY_TASK_TEXT:
         return study.configs
-    once(
-        study_dir,
-        task_text.CORPUS_DIR,
-        "task_text",
-        lambda: task_text.write(study.tasks, study.glue_dir, study_dir),
+    hosts.on_process_0(
+        "writing the study's corpus",
+        lambda: once(
+            study_dir,
+            task_text.CORPUS_DIR,
+            "task_text",
+            lambda: task_text.write(study.tasks, study.glue_dir, study_dir),
+        ),
     )
     configs = {}
     for name, config in study.configs.items():
@@ -132,17 +172,35 @@ def with_corpus(study: Study, study_dir: str) -> dict:
     return configs
 
 
-def run_all(study: Study, study_dir: str) -> dict:
-    """Every row's stages in order, objectives first, the random-init row last."""
+def run_all(study: Study, study_dir: str) -> dict | None:
+    """Every objective pretrained, then each one's export, fine-tuning and rank, the
+    random-init row last. None on a process other than 0 of a multi-process study: it leaves
+    once pretraining is done."""
+    configs = with_corpus(study, study_dir)
+    pretrained = {
+        name: once_together(
+            study_dir,
+            name,
+            "pretrain",
+            lambda c=config, n=name: pretrain(c, os.path.join(study_dir, n, "workdir")),
+        )
+        for name, config in configs.items()
+    }
+    fresh_runtime = hosts.many()  # process 0 alone after this, in the pod's JAX runtime
+    if fresh_runtime and not hosts.leave_job():
+        return None
     rows = {}
-    for name, config in with_corpus(study, study_dir).items():
+    for name in configs:
         base = os.path.join(study_dir, name)
         workdir, export_dir = os.path.join(base, "workdir"), os.path.join(base, "export")
         rows[name] = {
-            "pretrain": once(
-                study_dir, name, "pretrain", lambda c=config, w=workdir: pretrain(c, w)
+            "pretrain": pretrained[name],
+            "export": once(
+                study_dir,
+                name,
+                "export",
+                lambda w=workdir, e=export_dir: export(w, e, fresh_runtime),
             ),
-            "export": once(study_dir, name, "export", lambda w=workdir, e=export_dir: export(w, e)),
             "finetune": once(
                 study_dir,
                 name,
@@ -155,7 +213,9 @@ def run_all(study: Study, study_dir: str) -> dict:
                 study_dir,
                 name,
                 "rank",
-                lambda w=workdir, b=base: rank(w, os.path.join(b, "rank"), study.rank_tokens),
+                lambda w=workdir, b=base: rank(
+                    w, os.path.join(b, "rank"), study.rank_tokens, fresh_runtime
+                ),
             ),
         }
     first = next(iter(study.configs))
