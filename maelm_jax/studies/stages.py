@@ -28,28 +28,15 @@ def _marker(study_dir: str, row: str, stage: str) -> str:
     return os.path.join(study_dir, row, f"{stage}.json")
 
 
-def once(study_dir: str, row: str, stage: str, work) -> dict:
-    """`work()`'s result, computed the first time and read back from the marker after."""
-    path = _marker(study_dir, row, stage)
-    if os.path.isfile(path):
-        with open(path) as f:
-            logging.info("study: %s/%s already done", row, stage)
-            return json.load(f)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    logging.info("study: %s/%s starting", row, stage)
-    start = time.perf_counter()
-    result = {**work(), "seconds": time.perf_counter() - start}
-    write_json(path, result)
-    logging.info("study: %s/%s done in %.0f s", row, stage, result["seconds"])
-    return result
+def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> dict | None:
+    """`work()`'s result, computed the first time and read back from the marker after.
 
-
-def once_together(study_dir: str, row: str, stage: str, work) -> dict | None:
-    """`once` for a stage every process runs (collective): all agree on whether it is done,
-    `work()` returns the result on process 0 alone, which writes the marker, and nobody
-    goes on before it is written. None on the other processes."""
+    `together`: a stage every process runs (collective). All agree on whether it is done,
+    `work()` returns the result on process 0 alone, which writes the marker, and nobody goes
+    on before it is written; None on the other processes."""
     path = _marker(study_dir, row, stage)
-    if multihost.all_true(os.path.isfile(path)):
+    done = os.path.isfile(path)
+    if multihost.all_true(done) if together else done:
         with open(path) as f:
             logging.info("study: %s/%s already done", row, stage)
             return json.load(f)
@@ -61,7 +48,8 @@ def once_together(study_dir: str, row: str, stage: str, work) -> dict | None:
         result = {**result, "seconds": time.perf_counter() - start}
         write_json(path, result)
         logging.info("study: %s/%s done in %.0f s", row, stage, result["seconds"])
-    multihost.all_true(True)  # a barrier: the marker exists before anyone reads it
+    if together:
+        multihost.all_true(True)  # a barrier: the marker exists before anyone reads it
     return result
 
 
@@ -178,11 +166,12 @@ def run_all(study: Study, study_dir: str) -> dict | None:
     once pretraining is done."""
     configs = with_corpus(study, study_dir)
     pretrained = {
-        name: once_together(
+        name: once(
             study_dir,
             name,
             "pretrain",
             lambda c=config, n=name: pretrain(c, os.path.join(study_dir, n, "workdir")),
+            together=True,
         )
         for name, config in configs.items()
     }
