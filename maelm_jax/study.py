@@ -43,6 +43,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_steps", 100, "Cap on each fine-tuning run's steps (0: none).")
     flags.DEFINE_integer("max_seq_length", 64, "Fine-tuning tokens per row.")
     flags.DEFINE_integer("rank_tokens", 4096, "Tokens for the effective rank.")
+    flags.DEFINE_string(
+        "workdir_root",
+        None,
+        "Where each objective pretrains: <root>/<objective> (local or gs://; on a pod a "
+        "bucket, where Orbax writes natively). Default: <study_dir>/<objective>/workdir.",
+    )
     flags.DEFINE_bool("json", False, "Print results.json's table instead of the markdown.")
     flags.DEFINE_string(
         "coordinator_address", None, "host:port of process 0 (manual multi-process)."
@@ -97,6 +103,7 @@ def main(argv):
         recipe=finetune_recipe,
         glue_dir=FLAGS.glue_dir,
         rank_tokens=FLAGS.rank_tokens,
+        workdir_root=plan.workdir_root(FLAGS.workdir_root),
     )
     distributed.initialize(
         FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.cpu_collectives

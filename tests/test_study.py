@@ -196,10 +196,10 @@ def test_on_two_processes_both_pretrain_and_process_0_alone_does_the_rest(tmp_pa
     config = tmp_path / "mlm.py"
     config.write_text(CONFIG.format(objective="mlm"))
     glue = _sst2(tmp_path / "glue", [_one_line(i) for i in range(120)], dev=["a dev one ."] * 8)
-    study_dir = tmp_path / "study"
+    study_dir, workdirs = tmp_path / "study", tmp_path / "bucket"  # a gs:// bucket on a pod
     args = [
         f"--study_dir={study_dir}", f"--configs={config}", "--tasks=sst2", f"--glue_dir={glue}",
-        "--seeds=1", "--max_steps=2", "--rank_tokens=64",
+        "--seeds=1", "--max_steps=2", "--rank_tokens=64", f"--workdir_root={workdirs}",
     ]  # fmt: skip
 
     (rc0, out0, err0), (rc1, out1, err1) = _on_processes([args, args])
@@ -214,6 +214,17 @@ def test_on_two_processes_both_pretrain_and_process_0_alone_does_the_rest(tmp_pa
         table = {r["row"]: r for r in json.load(f)["table"]}
     assert list(table) == ["mlm", "random_init"]
     assert table["mlm"]["last-layer rank"] > 1 and table["mlm"]["final eval loss"] > 0
+    assert os.listdir(workdirs / "mlm" / "checkpoints") == ["6"]
+    assert not (study_dir / "mlm" / "workdir").exists()
+
+
+def test_workdir_root_is_a_local_folder_or_a_gs_url():
+    assert plan.workdir_root(None) is None
+    assert plan.workdir_root("runs") == os.path.abspath("runs")
+    assert plan.workdir_root("gs://bucket/study/") == "gs://bucket/study"
+    with pytest.raises(ConfigError) as e:
+        plan.workdir_root("s3://bucket/study")
+    assert str(e.value) == "--workdir_root=s3://bucket/study: give a local folder or a gs:// URL"
 
 
 def test_on_two_processes_a_folder_one_host_cannot_see_is_refused_before_pretraining(

@@ -10,7 +10,8 @@ collective would wait for hosts that left), so the export and the rank run as co
 a fresh CPU runtime of their own.
 
 The study's folder must be the same folder on every host (NFS, a bucket mounted with
-gcsfuse): the other processes read what process 0 wrote. A process that does not see the
+gcsfuse; docs/evaluation.md says what each needs): the other processes read what process 0
+wrote. A process that does not see the
 spec is refused, every process with it.
 """
 

@@ -35,15 +35,26 @@ class Study:
     recipe: Recipe
     glue_dir: str | None
     rank_tokens: int
+    workdir_root: str | None = None  # the objectives' pretraining workdirs; None: in the study
 
     def spec(self) -> dict:
-        return {
+        spec = {
             "configs": {n: json.loads(c.to_json_best_effort()) for n, c in self.configs.items()},
             "tasks": [t.name for t in self.tasks],
             "recipe": dataclasses.asdict(self.recipe),
             "data": os.path.abspath(self.glue_dir) if self.glue_dir else "tfds",
             "rank_tokens": self.rank_tokens,
         }
+        if self.workdir_root:  # absent by default: the specs of earlier studies still match
+            spec["workdir_root"] = self.workdir_root
+        return spec
+
+    def workdir(self, study_dir: str, name: str) -> str:
+        """Where objective `name` pretrains: `<study_dir>/<name>/workdir`, or `<root>/<name>`
+        (`--workdir_root`, e.g. a gs:// bucket a pod's hosts all write their shards to)."""
+        if self.workdir_root:
+            return self.workdir_root.rstrip("/") + "/" + name
+        return os.path.join(study_dir, name, "workdir")
 
 
 def with_overrides(configs: dict, overrides: dict[str, str]) -> dict:
@@ -96,8 +107,22 @@ def check_study_dir(study_dir: str) -> None:
     if sep:
         raise ConfigError(
             f"--study_dir={study_dir}: a study lives in a local folder ({scheme}:// is not "
-            "one); give a local path, or the bucket mounted as a folder (gcsfuse)"
+            "one); give a local path or a mount (NFS, gcsfuse), and --workdir_root=gs://... "
+            "to put the pretraining checkpoints in the bucket"
         )
+
+
+def workdir_root(value: str | None) -> str | None:
+    """`--workdir_root` as the spec keeps it: a local folder made absolute, or a gs:// URL
+    (Orbax and the export read both)."""
+    if not value:
+        return None
+    scheme, sep, _ = value.partition("://")
+    if not sep:
+        return os.path.abspath(value)
+    if scheme != "gs":
+        raise ConfigError(f"--workdir_root={value}: give a local folder or a gs:// URL")
+    return value.rstrip("/")
 
 
 def claim(study_dir: str, study: Study) -> None:

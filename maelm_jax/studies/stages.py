@@ -53,24 +53,19 @@ def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> 
     return result
 
 
-def _metrics_lines(workdir: str) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def pretrain(config, workdir: str) -> dict | None:
     """The ordinary `main` path (train_and_evaluate), then what the table reports of it:
     on process 0, the one that writes the metrics (None on the others)."""
     import jax
 
     from maelm_jax.model import flop_count
-    from maelm_jax.training import train
+    from maelm_jax.training import metric_logging, train
 
     run = configdict.freeze(config)
     train.train_and_evaluate(run, workdir)
     if jax.process_index() != 0:
         return None
-    lines = _metrics_lines(workdir)
+    lines = [row for _, row in sorted(metric_logging.read_metrics(workdir).items())]
     evals = [m["eval/loss"] for m in lines if "eval/loss" in m]
     rates = [m["tokens_per_sec"] for m in lines if "tokens_per_sec" in m]
     params = flop_count.num_params(run)
@@ -170,7 +165,7 @@ def run_all(study: Study, study_dir: str) -> dict | None:
             study_dir,
             name,
             "pretrain",
-            lambda c=config, n=name: pretrain(c, os.path.join(study_dir, n, "workdir")),
+            lambda c=config, n=name: pretrain(c, study.workdir(study_dir, n)),
             together=True,
         )
         for name, config in configs.items()
@@ -181,7 +176,7 @@ def run_all(study: Study, study_dir: str) -> dict | None:
     rows = {}
     for name in configs:
         base = os.path.join(study_dir, name)
-        workdir, export_dir = os.path.join(base, "workdir"), os.path.join(base, "export")
+        workdir, export_dir = study.workdir(study_dir, name), os.path.join(base, "export")
         rows[name] = {
             "pretrain": pretrained[name],
             "export": once(
