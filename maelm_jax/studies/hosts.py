@@ -11,8 +11,7 @@ a fresh CPU runtime of their own.
 
 The study's folder must be the same folder on every host (NFS, a bucket mounted with
 gcsfuse; docs/evaluation.md says what each needs): the other processes read what process 0
-wrote. A process that does not see the
-spec is refused, every process with it.
+wrote. A process that does not see the spec is refused, every process with it.
 """
 
 import os
