@@ -33,7 +33,7 @@ def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> 
 
     `together`: a stage every process runs (collective). All agree on whether it is done,
     `work()` returns the result on process 0 alone, which writes the marker, and nobody goes
-    on before it is written; None on the other processes."""
+    on before it is written, nor alone when one process failed; None on the others."""
     path = _marker(study_dir, row, stage)
     done = os.path.isfile(path)
     if multihost.all_true(done) if together else done:
@@ -43,13 +43,19 @@ def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     logging.info("study: %s/%s starting", row, stage)
     start = time.perf_counter()
-    result = work()
-    if result is not None:
-        result = {**result, "seconds": time.perf_counter() - start}
-        write_json(path, result)
-        logging.info("study: %s/%s done in %.0f s", row, stage, result["seconds"])
-    if together:
-        multihost.all_true(True)  # a barrier: the marker exists before anyone reads it
+    result, error = None, None
+    try:
+        result = work()
+        if result is not None:
+            result = {**result, "seconds": time.perf_counter() - start}
+            write_json(path, result)
+            logging.info("study: %s/%s done in %.0f s", row, stage, result["seconds"])
+    except Exception as e:
+        if not together:
+            raise
+        error = e
+    if together:  # a barrier: the marker exists before anyone reads it
+        multihost.raise_together(error, f"the study's {row}/{stage}")
     return result
 
 
