@@ -218,6 +218,27 @@ def test_on_two_processes_both_pretrain_and_process_0_alone_does_the_rest(tmp_pa
     assert not (study_dir / "mlm" / "workdir").exists()
 
 
+def test_on_two_processes_a_failed_pretraining_stops_both_with_its_line_and_no_marker(tmp_path):
+    """A NaN at step 2 fails training on both processes at once: each leaves the stage
+    through the barrier and the job's shutdown (no host left waiting in a collective) and
+    exits 1 with the training path's own line."""
+    config = tmp_path / "mlm.py"
+    config.write_text(CONFIG.format(objective="mlm"))
+    glue = _sst2(tmp_path / "glue", [_one_line(i) for i in range(120)], dev=["a dev one ."] * 2)
+    study_dir = tmp_path / "study"
+    args = [
+        f"--study_dir={study_dir}", f"--configs={config}", "--tasks=sst2", f"--glue_dir={glue}",
+        "--seeds=1", "--overrides=inject_nan_at_step=2",
+    ]  # fmt: skip
+
+    results = _on_processes([args, args], timeout=300)
+
+    lines = [err.strip().splitlines()[-1] for _, _, err in results]
+    assert [rc for rc, _, _ in results] == [1, 1], lines
+    assert all("non-finite loss or gradient at step 2" in line for line in lines), lines
+    assert not (study_dir / "mlm" / "pretrain.json").exists()
+
+
 def test_workdir_root_is_a_local_folder_or_a_gs_url():
     assert plan.workdir_root(None) is None
     assert plan.workdir_root("runs") == os.path.abspath("runs")
