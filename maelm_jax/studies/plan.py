@@ -53,7 +53,7 @@ class Study:
         """Where objective `name` pretrains: `<study_dir>/<name>/workdir`, or `<root>/<name>`
         (`--workdir_root`, e.g. a gs:// bucket a pod's hosts all write their shards to)."""
         if self.workdir_root:
-            return self.workdir_root.rstrip("/") + "/" + name
+            return f"{self.workdir_root}/{name}"  # no trailing "/": `workdir_root` strips it
         return os.path.join(study_dir, name, "workdir")
 
 
