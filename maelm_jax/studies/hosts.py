@@ -18,21 +18,19 @@ import os
 import subprocess
 import sys
 
+import jax
+
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.hardware import multihost
 
 
 def many() -> bool:
-    import jax
-
     return jax.process_count() > 1
 
 
 def on_process_0(what: str, work):
     """`work()`'s result on process 0 (None on the others); if it raises, every process
     raises with it (collective), so no host walks on into the next stage alone."""
-    import jax
-
     result, error = None, None
     if jax.process_index() == 0:
         try:
@@ -45,8 +43,6 @@ def on_process_0(what: str, work):
 
 def check_shared(study_dir: str, spec_file: str) -> None:
     """Collective, after process 0 wrote the spec: every process must see it."""
-    import jax
-
     error = None
     if not os.path.isfile(os.path.join(study_dir, spec_file)):
         error = ConfigError(
@@ -60,8 +56,6 @@ def check_shared(study_dir: str, spec_file: str) -> None:
 def leave_job() -> bool:
     """Every process leaves the `jax.distributed` job together (its shutdown is a barrier);
     True on process 0, which goes on alone."""
-    import jax
-
     lead = jax.process_index() == 0
     jax.distributed.shutdown()
     return lead

@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 
+import jax
 from absl import logging
 
 from maelm_jax.config import configdict
@@ -62,8 +63,6 @@ def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> 
 def pretrain(config, workdir: str) -> dict | None:
     """The ordinary `main` path (train_and_evaluate), then what the table reports of it:
     on process 0, the one that writes the metrics (None on the others)."""
-    import jax
-
     from maelm_jax.model import flop_count
     from maelm_jax.training import metric_logging, train
 
