@@ -124,8 +124,21 @@ def test_study_runs_every_stage_resumes_after_a_kill_and_refuses_a_changed_confi
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert first.exists(), "the first stage never finished"
-    stamp = first.stat().st_mtime_ns
     assert not (study_dir / "results.json").exists()
+
+    # Had mlm been pretrained on 2 processes (a pod), mae_lm may not follow on 1: the
+    # process count is part of the data order. Refused before anything is written.
+    marker = first.read_text()
+    assert json.loads(marker)["processes"] == 1
+    first.write_text(json.dumps({**json.loads(marker), "processes": 2}))
+    files = {p: p.stat().st_mtime_ns for p in study_dir.rglob("*")}
+    rc, _, err = _study(args)
+    assert rc == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert "mlm was pretrained on 2 process(es) and this run has 1; mae_lm must" in last, last
+    assert {p: p.stat().st_mtime_ns for p in study_dir.rglob("*")} == files
+    first.write_text(marker)
+    stamp = first.stat().st_mtime_ns
 
     rc, out, err = _study(args)
     assert rc == 0, err[-3000:]
@@ -210,6 +223,7 @@ def test_on_two_processes_both_pretrain_and_process_0_alone_does_the_rest(tmp_pa
     assert "| random_init |" in out0 and "|" not in out1  # (gloo prints to stdout)
     for stage in ("pretrain", "export", "finetune", "rank"):
         assert (study_dir / "mlm" / f"{stage}.json").is_file(), stage
+    assert json.loads((study_dir / "mlm" / "pretrain.json").read_text())["processes"] == 2
     with open(study_dir / "results.json") as f:
         table = {r["row"]: r for r in json.load(f)["table"]}
     assert list(table) == ["mlm", "random_init"]

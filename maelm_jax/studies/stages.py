@@ -18,7 +18,7 @@ import jax
 from absl import logging
 
 from maelm_jax.config import configdict
-from maelm_jax.config.run_config import STUDY_TASK_TEXT
+from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
 from maelm_jax.glue.search import run_search, write_json
 from maelm_jax.hardware import multihost
 from maelm_jax.studies import hosts, task_text
@@ -75,6 +75,7 @@ def pretrain(config, workdir: str) -> dict | None:
     rates = [m["tokens_per_sec"] for m in lines if "tokens_per_sec" in m]
     params = flop_count.num_params(run)
     return {
+        "processes": jax.process_count(),  # the data order's (check_one_data_order)
         "objective": run.objective,
         "decoder": run.model.decoder if run.objective != "mlm" else "none",
         "num_decoder_layers": run.model.num_decoder_layers if run.objective != "mlm" else 0,
@@ -160,10 +161,38 @@ def with_corpus(study: Study, study_dir: str) -> dict:
     return configs
 
 
+def check_one_data_order(study_dir: str, names) -> None:
+    """Refuses to pretrain the rest of a study on another number of processes than the
+    objectives already pretrained: each process reads its own shards of the corpus, so the
+    count is part of the data order the objectives must share. Once all are pretrained the
+    count no longer matters (export, fine-tuning and rank read files)."""
+    done, todo = {}, []
+    for name in names:
+        path = _marker(study_dir, name, "pretrain")
+        if os.path.isfile(path):
+            with open(path) as f:  # a marker from before the count was kept: one process
+                done[name] = json.load(f).get("processes", 1)
+        else:
+            todo.append(name)
+    now = jax.process_count()
+    other = {name: n for name, n in done.items() if n != now}
+    if todo and other:
+        name, n = next(iter(other.items()))
+        raise ConfigError(
+            f"--study_dir={study_dir}: {name} was pretrained on {n} process(es) and this run "
+            f"has {now}; {', '.join(todo)} must see the same data order: rerun on {n} "
+            "process(es), or start a new --study_dir"
+        )
+
+
 def run_all(study: Study, study_dir: str) -> dict | None:
     """Every objective pretrained, then each one's export, fine-tuning and rank, the
     random-init row last. None on a process other than 0 of a multi-process study: it leaves
     once pretraining is done."""
+    hosts.on_process_0(
+        "checking the study's process count",
+        lambda: check_one_data_order(study_dir, study.configs),
+    )
     configs = with_corpus(study, study_dir)
     pretrained = {
         name: once(
