@@ -71,7 +71,7 @@ setup(
         "profile": ["xprof>=2.24"],
         "test": [
             "pytest>=8",
-            "pytest-xdist>=3.5",
+            "pytest-xdist>=3.8",
             "ruff>=0.6",
             "jax[tpu]>=0.10.2,<0.13",
             # Pinned for CI only: this CI machine has a local CPU wheel of exactly 2.13.0,

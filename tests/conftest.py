@@ -36,6 +36,34 @@ if str(REPO_ROOT) not in sys.path:
 
 import pytest  # noqa: E402
 
+# The modules that take a minute or more, heaviest first (worker seconds in a whole-suite run
+# on a 2-core machine, 2026-11-28: test_model 329 ... test_aot_step_time 83). pytest.ini has
+# xdist hand modules out in collection order, and this is it: longest first, so the two
+# workers finish together on the short modules rather than one running a long module alone
+# at the end (xdist's own order, by number of tests, left test_flops and test_study late).
+# test_finetune goes second: it trains the tiny_checkpoints that test_export and
+# test_analysis read, so those find them done instead of waiting on the other worker's file
+# lock. Only the time depends on this list: a module missing from it runs after these, in
+# file order.
+HEAVIEST_FIRST = (
+    "test_model.py",
+    "test_finetune.py",
+    "test_checkpointing.py",
+    "test_compile.py",
+    "test_flops.py",
+    "test_study.py",
+    "test_multiprocess.py",
+    "test_train.py",
+    "test_modern.py",
+    "test_aot_step_time.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    del config
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order after
+
 
 def pytest_unconfigure(config):
     del config

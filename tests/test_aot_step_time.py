@@ -1,8 +1,8 @@
 """XLA's step-time estimate for TPU slices (`aot/step_time.py`, the `compile` command's
 `estimated_step_seconds`) and the step compiled with splash attention, on this CPU with
 libtpu's compile-only devices. (Apart from test_compile.py so that the two modules' TPU
-compiles run on both of the suite's workers; named to sort early, since --dist loadfile
-hands modules out in file order and a long one handed out last holds up the end.)"""
+compiles run on both of the suite's workers; conftest.HEAVIEST_FIRST hands it out early,
+since a long module handed out last holds up the end.)"""
 
 import importlib.util
 

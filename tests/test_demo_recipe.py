@@ -1,6 +1,6 @@
 """configs/default.py's demo recipe, shrunk, learns to read context. (Apart from
-test_train.py, which sorts near the end of the suite: --dist loadfile hands modules out in
-file order, and this minute of training is better handed out early.)"""
+test_train.py so that this minute of training and that module's can run on both of the
+suite's workers.)"""
 
 import pytest
 from text_corpora import sample_document, write_corpus
