@@ -196,3 +196,13 @@ def test_no_two_folders_share_a_name():
     assert shared_names(folders) == {}
     planted = [*folders, pathlib.Path("maelm_jax/step/model")]
     assert shared_names(planted) == {"model": ["maelm_jax/model", "maelm_jax/step/model"]}
+
+
+def test_the_suites_longest_first_order_names_modules_that_exist():
+    """conftest.HEAVIEST_FIRST hands the long modules out first; a renamed module would
+    silently fall back to file order and put a long module back at the end of the suite."""
+    from conftest import HEAVIEST_FIRST
+
+    missing = [name for name in HEAVIEST_FIRST if not (REPO / "tests" / name).is_file()]
+    assert not missing, f"conftest.HEAVIEST_FIRST names no module {missing}; rename them there"
+    assert len(set(HEAVIEST_FIRST)) == len(HEAVIEST_FIRST)
