@@ -6,6 +6,8 @@
     python -m maelm_jax.bench input [--sizes_mb=4,40] [--configs=mae_lm_large] [--json]
     python -m maelm_jax.bench kernels --configs=mlm_base --batch_size=64 --seq_len=512 \
         --steps=3 [--top=15] [--logdir=DIR] [--json]
+    python -m maelm_jax.bench finetune [--finetune_encoder=4x128 --batch_size=32 --seq_len=64]
+        [--finetune_steps=N] [--finetune_compile] [--json]
 
 `--configs` takes config names in configs/ or paths to config files (ending in .py).
 
@@ -17,7 +19,9 @@ v5p host's step of the first of `--configs` (default there: mae_lm_large) consum
 chips' peak; `kernels`: a `jax.profiler` trace of `--steps` steps of each config's real train
 step, summed up by kernel (GPU) or XLA op (CPU) and by category (matmul, attention,
 scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/profiling/`). FLOPs
-per step by method and region: `python -m maelm_jax.flops`.
+per step by method and region: `python -m maelm_jax.flops`. `finetune`: the PyTorch GLUE
+fine-tuning step (glue/training.py) of a random-init relative-bias export, the loop before
+issue #63 and each change since, cumulatively (`maelm_jax/benchmarks/finetune_speed.py`).
 """
 
 import dataclasses
@@ -36,7 +40,7 @@ from maelm_jax.config import cli, configdict
 from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import input_speed, preparation, prepared
 from maelm_jax.data.tokenizer import Tokenizer
-from maelm_jax.hardware import tpu_chips
+from maelm_jax.hardware import host_cpus, platforms, tpu_chips
 from maelm_jax.model import flop_count
 from maelm_jax.profiling import summary, trace_files
 from maelm_jax.training import step_speed
@@ -76,6 +80,16 @@ flags.DEFINE_list("sizes_mb", ["4", "40"], "`input`: synthetic corpus sizes, MB 
 flags.DEFINE_integer("input_steps", 200, "`input`: batches drawn to time the pipeline.", 1)
 flags.DEFINE_string("input_dir", None, "`input`: where corpora go; default: a new temp dir.")
 flags.DEFINE_integer("hosts", 8, "`input`: hosts sharing the global batch (v5p-64: 8).", 1)
+flags.DEFINE_string(
+    "finetune_encoder", "4x128", "`finetune`: LAYERSxWIDTH (heads of 64, MLP 4x); the CPU "
+    "study's is 4x128, the GPU preset's 6x512."
+)  # fmt: skip
+flags.DEFINE_integer(
+    "finetune_steps", None, "`finetune`: timed steps per variant; default 40 (CPU), 300 (GPU).", 1
+)
+flags.DEFINE_boolean(
+    "finetune_compile", None, "`finetune`: add the torch.compile variant; default: on CUDA only."
+)
 _CONFIG_NAMES = sorted(
     p.stem for p in _CONFIGS_DIR.glob("*.py") if "\ndef get_config(" in p.read_text()
 )
@@ -143,6 +157,35 @@ def run_kernels() -> None:
         print(json.dumps({name: s.to_json(FLAGS.top) for name, s in found.items()}))
 
 
+def run_finetune() -> None:
+    """`--batch_size` (default 32) rows of `--seq_len` (default 64) tokens a step."""
+    import torch
+
+    from maelm_jax.benchmarks import finetune_speed
+
+    layers, sep, width = FLAGS.finetune_encoder.partition("x")
+    if not (sep and layers.isdigit() and width.isdigit()):
+        raise app.UsageError(f"--finetune_encoder={FLAGS.finetune_encoder}: give LAYERSxWIDTH")
+    cuda = torch.cuda.is_available()
+    base = {}
+
+    def show(name, row):
+        if not FLAGS.json:
+            base.setdefault("row", row)
+            print(finetune_speed.format_row(name, row, base["row"]), flush=True)
+
+    shape = (int(layers), int(width), FLAGS.batch_size or 32, FLAGS.seq_len or 64)
+    if not FLAGS.json:
+        print(f"layers, width, batch, seq_len: {shape}", flush=True)
+    result = finetune_speed.measure(
+        *shape,
+        timed=FLAGS.finetune_steps or (300 if cuda else 40),
+        compile_=cuda if FLAGS.finetune_compile is None else FLAGS.finetune_compile,
+        on_row=show,
+    )
+    print(json.dumps(result) if FLAGS.json else finetune_speed.header(result["shape"]))
+
+
 def run_checkpoint() -> None:
     for name in FLAGS.configs:
         print(save_speed.format_result(name, save_speed.measure(_config(name))))
@@ -170,7 +213,7 @@ def _size_row(root: pathlib.Path, megabytes: float) -> tuple[dict, object]:
     config = importlib.import_module("configs.default").get_config()
     config.dataset, config.data_dir = glob, str(root / "data")
     data = configdict.freeze(config).data
-    workers = os.cpu_count() or 1
+    workers = host_cpus.usable_cpus()
     report = preparation.prepare(data, workers=workers)
     command = [
         sys.executable, "-m", "maelm_jax.main", "--config=configs/default.py",
@@ -188,7 +231,9 @@ def _size_row(root: pathlib.Path, megabytes: float) -> tuple[dict, object]:
         "prepare": {
             "seconds": report["pack_seconds"],
             "workers": report["pack_workers"],
-            "mb_per_s_per_core": mb / report["pack_seconds"] / min(workers, os.cpu_count() or 1),
+            "mb_per_s_per_core": mb
+            / report["pack_seconds"]
+            / min(workers, host_cpus.usable_cpus()),
         },
         **runs,
     }
@@ -213,11 +258,13 @@ def run_input() -> None:
 
 def main(argv):
     cli.quiet_library_logs()
+    platforms.skip_absent_tpu()
     commands = {
         "speed": run_speed,
         "checkpoint": run_checkpoint,
         "input": run_input,
         "kernels": run_kernels,
+        "finetune": run_finetune,
     }
     usage = (
         f"usage: python -m maelm_jax.bench {{{'|'.join(commands)}}} [flags] "

@@ -27,6 +27,13 @@ flags.DEFINE_integer("process_id", None, "This process's index (manual multi-pro
 flags.DEFINE_string(
     "cpu_collectives", "gloo", "CPU collectives for multi-process CPU runs ('gloo' or 'mpi')."
 )
+flags.DEFINE_string(
+    "cluster_detection",
+    distributed.cluster_detection_default(),
+    "How a multi-host run finds its peers without --coordinator_address: 'auto' (TPU pods, "
+    "SLURM, Open MPI's mpirun, Indexed Kubernetes Jobs), 'none', or one of JAX's detectors "
+    f"by name, e.g. 'mpi4py' (default: ${distributed.CLUSTER_ENV_VAR} or 'auto').",
+)
 flags.DEFINE_integer(
     "profiler_port", 0, "If > 0, serve jax.profiler here, so traces can be captured on demand."
 )
@@ -52,7 +59,11 @@ def main(argv):
     run = configdict.freeze(FLAGS.config)
     workdir_lease.check_workdir(FLAGS.workdir)
     distributed.initialize(
-        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.cpu_collectives
+        FLAGS.coordinator_address,
+        FLAGS.num_processes,
+        FLAGS.process_id,
+        FLAGS.cpu_collectives,
+        FLAGS.cluster_detection,
     )
     lease = _take_lease(FLAGS.workdir)
     status, failure = 1, None

@@ -1,13 +1,15 @@
-"""`python -m maelm_jax.study --study_dir=DIR [--configs=a.py,b.py,...] [--tasks=...]
-[--glue_dir=DIR] [--json]`: the papers' comparison in one resumable command.
+"""`python -m maelm_jax.study --study_dir=DIR [--preset=cpu|gpu] [--configs=a.py,b.py,...]
+[--tasks=...] [--glue_dir=DIR] [--json]`: the papers' comparison in one resumable command.
 
 Each config (an objective) is pretrained through the ordinary training path, exported,
 fine-tuned on GLUE and measured (the last layer's effective rank), and the first config's
 architecture is fine-tuned again from random init, the row that says whether pretraining
-helped. The default configs (configs/study/) are a scale a 2-core CPU runs in about an hour;
-the paper configs work unchanged, on one host or on a pod, where every host runs the same
-command in one shared folder: every host pretrains, process 0 does the rest
-(`studies/hosts.py`). `maelm_jax/studies/` holds the stages and report.
+helped. `--preset` picks the defaults of the configs and the fine-tuning flags: `cpu`
+(configs/study/), a scale a 2-core CPU runs in about an hour, or `gpu`
+(configs/study/gpu_scale/), MLM, MAE-LM and random init in 9 minutes on one H200
+(`studies/presets.py`). The paper configs work unchanged, on one host or on a pod, where
+every host runs the same command in one shared folder: every host pretrains, process 0 does
+the rest (`studies/hosts.py`). `maelm_jax/studies/` holds the stages and report.
 """
 
 import json
@@ -19,44 +21,65 @@ from maelm_jax.config import cli
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import readers, recipe, tasks
 from maelm_jax.hardware import distributed
+from maelm_jax.studies import presets
 
 FLAGS = flags.FLAGS
-STUDY_CONFIGS = ("mlm", "mae_lm", "three_ml_self", "three_ml_cross")
-STUDY_TASKS = "cola,sst2,rte,stsb"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def define_flags() -> None:
-    """Called by `__main__` only: importing the module defines no flags."""
-    default_configs = [os.path.join(REPO, "configs", "study", f"{n}.py") for n in STUDY_CONFIGS]
-    flags.DEFINE_string("study_dir", None, "Folder of the study (resumable; one spec).")
-    flags.DEFINE_list("configs", default_configs, "Config files, one objective each.")
-    flags.DEFINE_list(
-        "overrides", [], "key=value applied to every config (e.g. num_train_steps=800)."
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+    """Called by `__main__` only: importing the module defines no flags. The defaults are
+    the cpu preset's; `presets.apply` replaces those a user did not give."""
+    cpu, fv = presets.PRESETS[presets.DEFAULT], {"flag_values": flag_values}
+    flags.DEFINE_string("study_dir", None, "Folder of the study (resumable; one spec).", **fv)
+    flags.DEFINE_string(
+        "preset",
+        presets.DEFAULT,
+        f"Defaults for the flags not given: {' or '.join(presets.PRESETS)} "
+        "(maelm_jax/studies/presets.py).",
+        **fv,
     )
-    flags.DEFINE_string("tasks", STUDY_TASKS, "GLUE tasks, comma-separated.")
-    flags.DEFINE_string("glue_dir", None, "GLUE's download (CoLA/train.tsv, ...); else TFDS.")
-    flags.DEFINE_list("seeds", ["1", "2", "3"], "Fine-tuning seeds (the median is reported).")
-    flags.DEFINE_list("learning_rates", ["1e-3"], "Fine-tuning learning rates.")
-    flags.DEFINE_list("batch_sizes", ["32"], "Fine-tuning batch sizes.")
-    flags.DEFINE_float("epochs", 3.0, "Fine-tuning epochs.")
-    flags.DEFINE_integer("max_steps", 100, "Cap on each fine-tuning run's steps (0: none).")
-    flags.DEFINE_integer("max_seq_length", 64, "Fine-tuning tokens per row.")
-    flags.DEFINE_integer("rank_tokens", 4096, "Tokens for the effective rank.")
+    flags.DEFINE_list("configs", cpu["configs"], "Config files, one objective each.", **fv)
+    flags.DEFINE_list(
+        "overrides", [], "key=value applied to every config (e.g. num_train_steps=800).", **fv
+    )
+    flags.DEFINE_string("tasks", cpu["tasks"], "GLUE tasks, comma-separated.", **fv)
+    flags.DEFINE_string("glue_dir", None, "GLUE's download (CoLA/train.tsv, ...); else TFDS.", **fv)
+    flags.DEFINE_list("seeds", cpu["seeds"], "Fine-tuning seeds (the median is reported).", **fv)
+    flags.DEFINE_list("learning_rates", cpu["learning_rates"], "Fine-tuning learning rates.", **fv)
+    flags.DEFINE_list("batch_sizes", cpu["batch_sizes"], "Fine-tuning batch sizes.", **fv)
+    flags.DEFINE_float("epochs", cpu["epochs"], "Fine-tuning epochs.", **fv)
+    flags.DEFINE_integer(
+        "max_steps", cpu["max_steps"], "Cap on each fine-tuning run's steps (0: none).", **fv
+    )
+    flags.DEFINE_integer(
+        "max_seq_length", cpu["max_seq_length"], "Fine-tuning tokens per row.", **fv
+    )
+    flags.DEFINE_integer("rank_tokens", 4096, "Tokens for the effective rank.", **fv)
     flags.DEFINE_string(
         "workdir_root",
         None,
         "Where each objective pretrains: <root>/<objective> (local or gs://; on a pod a "
         "bucket, where Orbax writes natively). Default: <study_dir>/<objective>/workdir.",
+        **fv,
     )
-    flags.DEFINE_bool("json", False, "Print results.json's table instead of the markdown.")
     flags.DEFINE_string(
-        "coordinator_address", None, "host:port of process 0 (manual multi-process)."
+        "cluster_detection",
+        distributed.cluster_detection_default(),
+        "How a study on several hosts finds its peers without --coordinator_address: 'auto', "
+        f"'none' or a JAX detector's name such as 'mpi4py' (${distributed.CLUSTER_ENV_VAR}).",
+        **fv,
     )
-    flags.DEFINE_integer("num_processes", None, "Number of processes (manual multi-process).")
-    flags.DEFINE_integer("process_id", None, "This process's index (manual multi-process).")
+    flags.DEFINE_bool("json", False, "Print results.json's table instead of the markdown.", **fv)
     flags.DEFINE_string(
-        "cpu_collectives", "gloo", "CPU collectives for multi-process CPU runs ('gloo' or 'mpi')."
+        "coordinator_address", None, "host:port of process 0 (manual multi-process).", **fv
+    )
+    flags.DEFINE_integer("num_processes", None, "Number of processes (manual multi-process).", **fv)
+    flags.DEFINE_integer("process_id", None, "This process's index (manual multi-process).", **fv)
+    flags.DEFINE_string(
+        "cpu_collectives",
+        "gloo",
+        "CPU collectives for multi-process CPU runs ('gloo' or 'mpi').",
+        **fv,
     )
 
 
@@ -76,7 +99,11 @@ def main(argv):
     from maelm_jax.studies import plan
 
     plan.check_study_dir(FLAGS.study_dir)
+    presets.apply(FLAGS)
     cli.quiet_library_logs()  # Orbax narrates every step at INFO
+    from maelm_jax.hardware import platforms
+
+    platforms.skip_absent_tpu()
 
     try:
         finetune_recipe = recipe.Recipe(
@@ -106,7 +133,11 @@ def main(argv):
         workdir_root=plan.workdir_root(FLAGS.workdir_root),
     )
     distributed.initialize(
-        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.cpu_collectives
+        FLAGS.coordinator_address,
+        FLAGS.num_processes,
+        FLAGS.process_id,
+        FLAGS.cpu_collectives,
+        FLAGS.cluster_detection,
     )
     from maelm_jax.hardware import multihost
 

@@ -216,7 +216,10 @@ def test_compile_bad_flags_are_one_line(case):
 BENCH_CASES = {
     "unknown_command": (
         ["fly"],
-        ["no benchmark 'fly'", "usage: python -m maelm_jax.bench {speed|checkpoint|input|kernels}"],
+        [
+            "no benchmark 'fly'",
+            "usage: python -m maelm_jax.bench {speed|checkpoint|input|kernels|finetune}",
+        ],
     ),
     # The configs it could have named, runnable ones only (configs/modern.py is a helper).
     "unknown_config": (

@@ -55,19 +55,25 @@ def test_a_checkpoints_config_gets_what_older_runs_did_for_keys_added_since():
 
 
 @pytest.mark.parametrize(
-    "impl,platform,want",
+    "impl,platform,dtype,want",
     [
-        ("auto", "tpu", ("xla", False)),  # until splash is timed on a TPU
-        ("auto", "gpu", ("cudnn", False)),
-        ("auto", "cpu", ("xla", False)),
-        ("splash", "cpu", ("splash", True)),  # the Pallas interpreter: tests
-        ("xla", "tpu", ("xla", False)),
-        ("cudnn", "cpu", "cannot run on cpu"),
-        ("splash", "gpu", "cannot run on gpu"),
+        ("auto", "tpu", jnp.bfloat16, ("xla", False)),  # until splash is timed on a TPU
+        ("auto", "gpu", jnp.bfloat16, ("cudnn", False)),
+        ("auto", "gpu", jnp.float32, ("xla", False)),  # cuDNN's attention is 16-bit only
+        ("auto", "rocm", jnp.bfloat16, ("xla", False)),  # an AMD GPU has no cuDNN
+        ("auto", "cpu", jnp.bfloat16, ("xla", False)),
+        ("splash", "cpu", jnp.float32, ("splash", True)),  # the Pallas interpreter: tests
+        ("xla", "tpu", jnp.float32, ("xla", False)),
+        ("cudnn", "cpu", jnp.bfloat16, "cannot run on cpu"),
+        ("cudnn", "rocm", jnp.bfloat16, "cannot run on rocm"),
+        ("cudnn", "gpu", jnp.float32, "takes a 16-bit model"),
+        ("splash", "gpu", jnp.bfloat16, "cannot run on gpu"),
     ],
 )
-def test_attention_impl_is_made_concrete_for_the_devices(impl, platform, want):
-    model = dataclasses.replace(frozen(tiny_config("mlm", "self", 16))[0], attention_impl=impl)
+def test_attention_impl_is_made_concrete_for_the_devices(impl, platform, dtype, want):
+    model = dataclasses.replace(
+        frozen(tiny_config("mlm", "self", 16))[0], attention_impl=impl, dtype=dtype
+    )
     if isinstance(want, str):
         with pytest.raises(ConfigError, match=want):
             model.for_platform(platform)

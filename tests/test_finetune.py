@@ -18,8 +18,10 @@ from process_runs import process_env
 from tiny_configs import REPO_ROOT
 from transformers import AutoModel, AutoModelForSequenceClassification
 
+from maelm_jax.benchmarks import finetune_speed
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue import classifier, search, tasks
+from maelm_jax.glue import classifier, search, tasks, training
+from maelm_jax.glue.readers import Example
 from maelm_jax.glue.recipe import Recipe
 from maelm_jax.hf import export
 
@@ -176,6 +178,55 @@ def test_regression_task_gets_a_one_output_head_and_correlations(exports, tmp_pa
     row = result["tasks"][0]
     assert set(row["metric_medians"]["dev"]) == {"pearson", "spearman"}
     assert row["median"] > 50, row
+
+
+@pytest.mark.parametrize("kind", ["mlm", "mae_lm"])
+def test_the_loop_computes_the_losses_of_the_loop_before_it(exports, kind):
+    """With dropout 0 the first 100 losses of `train_steps` (split on the device, widths in
+    buckets, fused AdamW, the last layer at `<s>` alone, the bias table a buffer) are those
+    of the loop before them (`finetune_speed.reference_steps`) to float32 rounding."""
+    export_dir = exports[kind]
+    tok = classifier.tokenizer(export_dir)
+    texts, labels = sentences(512, 0)
+    examples = [Example(t, None, y) for t, y in zip(texts, labels, strict=True)]
+    data = training.encode(tok, examples, 32)
+    assert len({len(r) for r in data.ids}) > 2  # ragged: the widths are bucketed
+    spec = dataclasses.replace(RECIPE, max_steps=100).runs("sst2", "pretrained", 32)[0]
+    task, cpu, subset = tasks.TASKS["sst2"], torch.device("cpu"), np.arange(len(data))
+
+    torch.manual_seed(spec.seed)
+    model = classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0)
+    finetune_speed.use_reference_encoder(model)
+    old = finetune_speed.reference_steps(
+        model, task, data, spec, tok.pad_token_id, cpu, subset, np.random.default_rng(spec.seed)
+    )
+    torch.manual_seed(spec.seed)
+    slot = training.ModelSlot(cpu)
+    slot.load(classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0))
+    on_device = training.to_device(data, tok.pad_token_id, cpu, regression=False)
+    new = training.train_steps(
+        slot, task, on_device, spec, subset, np.random.default_rng(spec.seed)
+    )
+    want, got = training._drain(old), training._drain(new)
+    assert len(want) == len(got) == 100
+    assert abs(want[-10:].mean() - want[:10].mean()) > 0.02  # they move: the check says something
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
+def test_a_search_refuses_to_resume_where_it_did_not_compute(exports, tmp_path):
+    glue = write_sst2(tmp_path / "glue", n_train=32, n_dev=16)
+    recipe = dataclasses.replace(RECIPE, epochs=1.0)
+    task, out = [tasks.TASKS["sst2"]], tmp_path / "out"
+    search.run_search(exports["mlm"], task, recipe, str(out), glue_dir=glue)
+    with open(out / "spec.json") as f:
+        spec = json.load(f)
+    assert spec["compute"] == {"device": "cpu", "precision": "float32"}
+    spec["compute"] = search.compute_identity(torch.device("cuda"))
+    with open(out / "spec.json", "w") as f:
+        json.dump(spec, f)
+    (out / "results.json").unlink()
+    with pytest.raises(ConfigError, match=r"device=cuda, precision=bf16-autocast.*device=cpu"):
+        search.run_search(exports["mlm"], task, recipe, str(out), glue_dir=glue)
 
 
 def _finetune(*args, timeout=240):

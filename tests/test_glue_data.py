@@ -3,6 +3,8 @@ hand. The fixtures copy the quirks of GLUE's download: no quoting (literal, unba
 CoLA without a header, SST-2's trailing spaces, MNLI's wider dev files, MRPC's BOM."""
 
 import math
+import socket
+import time
 import warnings
 
 import numpy as np
@@ -354,3 +356,24 @@ def test_tfds_glue_builders_reach_their_download(tmp_path):
     builder = tfds.builder("glue/cola", data_dir=str(tmp_path))
     assert builder.code_path.name == "glue.py"
     assert "https://dl.fbaipublicfiles.com/glue/data/CoLA.zip" in builder.url_infos
+
+
+def test_tfds_glue_without_a_network_fails_in_seconds_naming_glue_dir(tmp_path, monkeypatch):
+    """A task TFDS has not prepared needs its download; with no way out (HTTPS only through a
+    proxy that refuses), the read stops at once with the line that names --glue_dir, where
+    TFDS's own ten retries with backoff took 3.5 minutes to give up (issue 64)."""
+    with socket.socket() as refusing:  # bound, never listening: a connection is refused
+        refusing.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{refusing.getsockname()[1]}"
+        for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.setenv(name, proxy)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        start = time.monotonic()
+        with pytest.raises(GlueDataError) as raised:
+            readers.read(TASKS["rte"], "train", tfds_data_dir=str(tmp_path / "tfds"))
+        seconds = time.monotonic() - start
+    message = str(raised.value)
+    assert seconds < 30, f"{seconds:.0f} s to fail offline"
+    assert "\n" not in message and "TFDS glue/rte (train)" in message
+    assert "with --glue_dir (needs RTE/train.tsv and RTE/dev.tsv)" in message

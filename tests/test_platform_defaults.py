@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_train_step import two_updates
@@ -87,7 +88,10 @@ def test_attention_dropout_impl_is_made_concrete_for_the_devices(
     attention, dropout, platform, want
 ):
     model = dataclasses.replace(
-        frozen(tiny_config())[0], attention_impl=attention, attention_dropout_impl=dropout
+        frozen(tiny_config())[0],
+        attention_impl=attention,
+        attention_dropout_impl=dropout,
+        dtype=jnp.bfloat16,  # cuDNN's attention takes 16-bit inputs only
     )
     got = model.for_platform(platform)
     assert got.attention_dropout_impl == want

@@ -14,8 +14,7 @@ from tiny_configs import tiny_run_config
 from maelm_jax.config import configdict
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.model import flop_count
-from maelm_jax.profiling import capture
-from maelm_jax.training import metric_logging, telemetry, train
+from maelm_jax.training import metric_logging, profile_window, telemetry, train
 
 REGIONS = ("encoder", "decoder", "lm_head", "loss", "optimizer")
 START, NUM = 3, 2
@@ -116,7 +115,7 @@ def test_no_window_no_trace_even_at_the_default_start_step(monkeypatch, tmp_path
     """profile_num_steps=0 (the default) writes no trace, also at profile_start_step."""
     started = []
     monkeypatch.setattr("jax.profiler.start_trace", started.append)
-    window = capture.ProfileWindow(tmp_path, start=10, num_steps=0, first_step=0)
+    window = profile_window.ProfileWindow(tmp_path, start=10, num_steps=0, first_step=0)
     for done in range(1, 20):
         window(done)
     window.close()

@@ -13,6 +13,7 @@ import time
 import pytest
 from process_runs import free_port, process_env
 from test_glue_data import STSB_HEADER, write_glue
+from test_train import TPU_INIT_ERRORS
 from text_corpora import sample_document
 from tiny_configs import REPO_ROOT, tiny_config
 
@@ -43,10 +44,17 @@ def get_config():
 
 
 def _study(args, wait=True, cwd=REPO_ROOT):
+    """The study on one process as a user runs it: JAX picks its backend (no JAX_PLATFORMS),
+    on a machine that ships mpi4py as NVIDIA's containers do."""
+    env = {**process_env(1), "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), str(REPO_ROOT / "tests" / "mpi4py_importable")]
+    )
+    env.pop("JAX_PLATFORMS")
     proc = subprocess.Popen(
         [sys.executable, "-m", "maelm_jax.study", *args],
         cwd=cwd,
-        env={**process_env(1), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)},
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -144,6 +152,10 @@ def test_study_runs_every_stage_resumes_after_a_kill_and_refuses_a_changed_confi
     assert rc == 0, err[-3000:]
     assert first.stat().st_mtime_ns == stamp  # done once, not redone
     assert "mlm/pretrain already done" in err
+    # JAX let go of its devices after pretraining (on a GPU: PyTorch's memory to fine-tune
+    # in), and no absent TPU was announced
+    assert "JAX released its ['cpu'] devices" in err, err[-3000:]
+    assert not [e for e in TPU_INIT_ERRORS if e in err], err[:3000]
     corpus = study_dir / task_text.CORPUS_DIR / task_text.CORPUS_FILE
     assert corpus.read_text().split("\n\n")[:-1] == train  # the train text, no dev row
     for row in ("mlm", "mae_lm"):

@@ -3,8 +3,9 @@
 The user's format is a ConfigDict (configs/*.py, `--config.key=value`); the code's is the
 frozen `run_config.RunConfig`. Each command calls `freeze` right after parsing its flags,
 so every value is checked once, up front, with a message that names it, and nothing
-below the commands ever reads a ConfigDict. This module and the commands are the only
-importers of `ml_collections` in the package (tests/test_layering.py holds that).
+below the commands ever reads a ConfigDict. This module, the defaults it completes an old
+checkpoint's config from (`defaults.py`) and the commands are the only importers of
+`ml_collections` in the package (tests/test_layering.py holds that).
 """
 
 import json
@@ -15,7 +16,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax.config import paths
+from maelm_jax.config import defaults, paths
 from maelm_jax.config.rules import RULES
 from maelm_jax.config.run_config import (
     DTYPES,
@@ -323,17 +324,15 @@ def from_checkpoint(saved: dict) -> RunConfig:
     """The RunConfig a checkpoint's stored config (JSON) describes, completed for keys added
     since it was written: model keys get what the model did before (`_BEFORE_KEY_EXISTED`;
     any other missing model key is a ConfigError), top-level keys (training-only: data,
-    optimizer, logging) their defaults; a key that was a boolean before it took names gets
-    the name of what it did (`_BEFORE_KEY_TOOK_STRINGS`)."""
-    from configs import base
-
+    optimizer, logging) their defaults (`defaults.py`); a key that was a boolean before it
+    took names gets the name of what it did (`_BEFORE_KEY_TOOK_STRINGS`)."""
     model = dict(saved.get("model", {}))
     for key, names in _BEFORE_KEY_TOOK_STRINGS.items():
         if isinstance(model.get(key), bool):
             model[key] = names[model[key]]
     saved = {**saved, "model": model}
-    config, defaults = ml_collections.ConfigDict(saved), base.get_config()
-    absent = [k for k in defaults.model if k not in config.model]
+    config, current = ml_collections.ConfigDict(saved), defaults.get_config()
+    absent = [k for k in current.model if k not in config.model]
     unknown = [k for k in absent if k not in _BEFORE_KEY_EXISTED]
     if unknown:
         raise ConfigError(f"the checkpoint's config lacks model keys {unknown}")
@@ -341,7 +340,7 @@ def from_checkpoint(saved: dict) -> RunConfig:
         config.model[key] = _BEFORE_KEY_EXISTED[key]
     if absent:
         logging.warning("Checkpoint config predates model keys %s; using what runs did", absent)
-    for key in defaults:
+    for key in current:
         if key not in config:
-            config[key] = defaults[key]
+            config[key] = current[key]
     return freeze(config)

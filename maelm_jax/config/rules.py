@@ -22,9 +22,11 @@ from maelm_jax.config.run_config import (
     RELATIVE_BIAS_IMPLS,
     TABLE_GATHERS,
 )
-from maelm_jax.model import remat
 
-REMAT_POLICIES = ("none", *remat.POLICIES)
+# What a layer stack keeps for the backward pass (model/remat.py maps each name but "none",
+# which applies no remat, to a policy): named here, under the model, so the rules and the
+# model read one list.
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_but_query")
 
 
 @dataclasses.dataclass(frozen=True)

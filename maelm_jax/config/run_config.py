@@ -136,35 +136,56 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def _scanned_dropout_stacks(self) -> list[str]:
+        """Stacks whose attention dropout a scan loop runs through one call site."""
+        stacks = [("encoder", self.num_layers, self.attention_dropout_rate)]
+        if self.objective == "mae_lm":
+            stacks.append(("decoder", self.num_decoder_layers, self.decoder_attention_dropout_rate))
+        return [
+            f"{name} ({n} layers, {self.layers_per_iteration(n)} a loop iteration)"
+            for name, n, rate in stacks
+            if rate > 0 and self.scan_layers and self.layers_per_iteration(n) < n
+        ]
+
     def for_platform(self, platform: str) -> "ModelConfig":
-        """This model on `platform`'s devices ("tpu", "gpu", "cpu"): `attention_impl` "auto"
-        becomes cuDNN on GPU (timed there: docs/results.md) and xla elsewhere, TPUs included
-        until splash is timed on one (as integrated it holds more memory, not less:
-        docs/results.md, "Splash attention's memory"); an explicit kernel must run where it
+        """This model on `platform`'s devices ("tpu", "gpu" for NVIDIA's, "rocm" for AMD's,
+        "cpu"; `hardware.platforms.kernel_platform` names a device's): `attention_impl`
+        "auto" becomes cuDNN on an NVIDIA GPU for a bfloat16 model (cuDNN takes 16-bit
+        inputs only; timed: docs/results.md) and xla elsewhere, TPUs included until splash
+        is timed on one (as integrated it holds more memory, not less: docs/results.md,
+        "Splash attention's memory"); an explicit kernel must run where it
         exists (splash runs on CPU, in the Pallas interpreter, for tests). Until then "auto"
         computes as "xla", so a model built without devices in mind (export, analysis) is
         the XLA one.
         `scan_unroll` 0 becomes every layer on GPU, else 1; `embedding_grad` "auto" the
         float32 sum except on TPU (configs/base.py says why); `attention_dropout_impl`
-        "auto" cuDNN wherever attention runs on cuDNN; `relative_bias_grad` "auto" summed
-        over the layers on GPU, per layer elsewhere; `relative_bias_impl` "auto" the dense
-        bias ("triton" runs on GPU, and on CPU in the Pallas interpreter for tests);
-        `encoder_length_multiple` 0 the relative-bias kernel's block where that kernel
-        runs, cuDNN's length multiple where attention runs on cuDNN, else 1."""
+        "auto" cuDNN where attention runs on cuDNN and no scan loop shares a call site
+        (cuDNN's masks follow a counter per call site: model/kernels/cudnn.py);
+        `relative_bias_grad` "auto" summed over the layers on GPU, per layer elsewhere;
+        `relative_bias_impl` "auto" the dense bias ("triton" runs on GPU, and on CPU in the
+        Pallas interpreter for tests); `encoder_length_multiple` 0 the relative-bias
+        kernel's block where that kernel runs, cuDNN's multiple where attention runs there."""
+        gpu_like = platform in ("gpu", "rocm")
+        sixteen_bit = jnp.dtype(self.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
         impl = self.attention_impl
         if impl == "auto":
-            impl = "cudnn" if platform == "gpu" else "xla"
+            impl = "cudnn" if platform == "gpu" and sixteen_bit else "xla"
         kernel_platforms = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",)}
         if platform not in kernel_platforms.get(impl, (platform,)):
             raise ConfigError(
                 f"model.attention_impl={impl!r} cannot run on {platform} devices; use "
-                f"'auto' or 'xla' (splash: TPU, cudnn: GPU)"
+                f"'auto' or 'xla' (splash: TPU, cudnn: NVIDIA GPU)"
+            )
+        if impl == "cudnn" and not sixteen_bit:
+            raise ConfigError(
+                "model.attention_impl='cudnn' takes a 16-bit model, not model.dtype="
+                f"{jnp.dtype(self.dtype).name}; use 'auto' or 'xla', or model.dtype='bfloat16'"
             )
         bias_impl = "dense" if self.relative_bias_impl == "auto" else self.relative_bias_impl
         if bias_impl == "triton" and platform not in ("gpu", "cpu"):
             raise ConfigError(
                 f"model.relative_bias_impl='triton' cannot run on {platform} devices; use "
-                "'auto' or 'dense' (triton: GPU)"
+                "'auto' or 'dense' (triton: NVIDIA GPU)"
             )
         bias_kernel = bias_impl == "triton" and self.relative_attention_buckets > 0
         buckets, head = self.relative_attention_buckets, self.head_dim
@@ -175,7 +196,7 @@ class ModelConfig:
                 f"model.relative_attention_buckets={buckets}; use 'dense'"
             )
         interpret = platform == "cpu" and (impl == "splash" or bias_kernel)
-        unroll = self.scan_unroll or (GPU_UNROLL if platform == "gpu" else 1)
+        unroll = self.scan_unroll or (GPU_UNROLL if gpu_like else 1)
         multiple = self.encoder_length_multiple
         if not multiple:
             multiple = CUDNN_LENGTH_MULTIPLE if impl == "cudnn" else 1
@@ -183,17 +204,24 @@ class ModelConfig:
         grad = self.embedding_grad
         if grad == "auto":
             grad = "compute_dtype" if platform == "tpu" else "float32"
+        looped = dataclasses.replace(self, scan_unroll=unroll)._scanned_dropout_stacks()
         dropout_impl = self.attention_dropout_impl
         if dropout_impl == "auto":
-            dropout_impl = "cudnn" if impl == "cudnn" else "xla"
+            dropout_impl = "cudnn" if impl == "cudnn" and not looped else "xla"
         if dropout_impl == "cudnn" and impl != "cudnn":
             raise ConfigError(
                 f"model.attention_dropout_impl='cudnn' needs model.attention_impl 'cudnn' (or "
                 f"'auto' on GPU), not {impl!r} on {platform} devices; use 'auto' or 'xla'"
             )
+        if dropout_impl == "cudnn" and looped:
+            raise ConfigError(
+                f"model.attention_dropout_impl='cudnn' in a scan loop ({', '.join(looped)}) "
+                "pairs a layer's backward with another layer's dropout mask; use 'auto' or "
+                "'xla', or model.scan_unroll=0 (every layer unrolled on GPU)"
+            )
         bias_grad = self.relative_bias_grad
         if bias_grad == "auto":
-            bias_grad = "summed" if platform == "gpu" else "per_layer"
+            bias_grad = "summed" if gpu_like else "per_layer"
         return dataclasses.replace(
             self,
             attention_impl=impl,

@@ -14,7 +14,6 @@ token distribution in bits per token.
 
 import itertools
 import json
-import os
 import time
 
 import tensorflow_datasets as tfds
@@ -24,6 +23,7 @@ from etils import epath
 from maelm_jax.config.run_config import ConfigError, DataConfig
 from maelm_jax.data import default_corpus, documents, prepared, shard_writer, shards
 from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.hardware import host_cpus
 
 NUM_SHARDS = 16  # divides the process count of pods up to 16 hosts; more hosts, more shards
 # Source text per packing process: a spawned worker costs seconds to start (it imports
@@ -80,7 +80,7 @@ def _workers(config: DataConfig, num_shards: int) -> int:
     """One packing process per `_BYTES_PER_WORKER` of source text, at most one per core
     and one per shard: a small corpus packs in this process, without spawning any."""
     size = documents.source_bytes(config)
-    cores = os.cpu_count() or 1
+    cores = host_cpus.usable_cpus()
     if size is None:
         return min(cores, num_shards)
     return max(1, min(cores, num_shards, size // _BYTES_PER_WORKER))

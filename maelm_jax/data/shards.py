@@ -39,6 +39,7 @@ from etils import epath
 from maelm_jax.config import paths
 from maelm_jax.config.run_config import ConfigError, DataConfig
 from maelm_jax.data import prepared
+from maelm_jax.hardware import host_cpus
 
 MANIFEST_FILENAME = "manifest.json"
 FORMAT = 1
@@ -194,7 +195,7 @@ def open_share(
     i % process_count == process_index), each checked and memory-mapped."""
     entries = manifest["splits"][split_kind][process_index::process_count]
     with concurrent.futures.ThreadPoolExecutor(
-        max(1, min(len(entries), os.cpu_count() or 1))
+        max(1, min(len(entries), host_cpus.usable_cpus()))
     ) as pool:
         local = list(pool.map(lambda e: check_shard(directory, e, config), entries))
     arrays = [np.load(os.fspath(paths.path(p)), mmap_mode="r") for p in local]

@@ -36,6 +36,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from maelm_jax.config import paths
 from maelm_jax.config.run_config import ConfigError
+from maelm_jax.hardware import host_cpus
 
 BOS_ID = 0
 PAD_ID = 1
@@ -136,8 +137,8 @@ class Tokenizer:
         return self._sp.encode(text)
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
-        """`encode` over many texts using SentencePiece's own threads (0: all cores)."""
-        return self._sp.encode(list(texts), num_threads=num_threads or os.cpu_count() or 1)
+        """`encode` over many texts using SentencePiece's own threads (0: every usable CPU)."""
+        return self._sp.encode(list(texts), num_threads=num_threads or host_cpus.usable_cpus())
 
     def encode_query(self, text: str) -> list[int]:
         """Token ids of a person's query, without `<s>`/`</s>` added: the literal strings
@@ -220,7 +221,7 @@ def train(texts: Iterable[str], vocab_size: int) -> bytes:
             max_sentence_length=_MAX_SENTENCE_BYTES,
             input_sentence_size=_MAX_TRAIN_SENTENCES,
             shuffle_input_sentence=True,
-            num_threads=os.cpu_count() or 1,
+            num_threads=host_cpus.usable_cpus(),
             minloglevel=2,
         )
     except RuntimeError as e:

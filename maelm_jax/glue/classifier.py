@@ -98,3 +98,30 @@ def classifier(
         )
     finally:
         hf_logging.set_verbosity(verbosity)
+
+
+def read_first_token_only(model) -> bool:
+    """Makes `model`'s last encoder layer compute `<s>`'s row alone, the only row the RoBERTa
+    classification head reads: the same logits, less arithmetic. The relative-bias class does
+    it itself (`hf/modeling.py`); a plain `RobertaForSequenceClassification` gets its last
+    layer's `forward` replaced on the instance (parameter names, and so saving, unchanged).
+    Other classes (ModernBERT may pool the mean) are left whole. True if the model reads
+    `<s>` alone now."""
+    import functools
+
+    from transformers import RobertaForSequenceClassification
+
+    from maelm_jax.hf.modeling import first_token_layer
+
+    if getattr(type(model), "first_token_only", None) is not None:
+        model.first_token_only = True
+        return True
+    if type(model) is not RobertaForSequenceClassification:
+        return False
+    last = model.roberta.encoder.layer[-1]
+
+    def forward(layer, hidden_states, attention_mask=None, *args, **kwargs):
+        return first_token_layer(layer, hidden_states, attention_mask)
+
+    last.forward = functools.partial(forward, last)
+    return True

@@ -12,6 +12,9 @@ predicts the same ids.
 import dataclasses
 import os
 import pathlib
+import socket
+import urllib.parse
+import urllib.request
 
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue.tasks import Task
@@ -33,6 +36,12 @@ TFDS_FEATURES: dict[str, tuple[str, ...]] = {
 }
 
 MAX_SCORE = 5.0  # STS-B's similarity scores run from 0 to 5
+
+# Where TFDS's glue builder downloads from when its config names no URL (MRPC's files).
+GLUE_DOWNLOAD_URL = "https://dl.fbaipublicfiles.com/glue/data/"
+# How long an unprepared TFDS GLUE task waits for its download host to take a connection.
+# Offline, TFDS itself retries the download 10 times with backoff: 3.5 minutes per task.
+REACH_TIMEOUT_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +142,9 @@ def read_tfds(task: Task, split: str, data_dir: str | None = None) -> list[Examp
 
     name = f"glue/{task.name}"
     try:
+        builder = tfds.builder(name, data_dir=data_dir)
+        if not builder.is_prepared():  # a prepared task loads offline
+            _reach(getattr(builder.builder_config, "data_url", "") or GLUE_DOWNLOAD_URL)
         ds = tfds.load(name, split=task.tfds_split(split), data_dir=data_dir)
     except Exception as e:  # offline, not prepared, a bad data_dir: all say the same to a user
         raise GlueDataError(
@@ -141,6 +153,22 @@ def read_tfds(task: Task, split: str, data_dir: str | None = None) -> list[Examp
             f"own files with --glue_dir (needs {_files_needed(task)})"
         ) from None
     return [from_tfds(task, ex) for ex in tfds.as_numpy(ds)]
+
+
+def _reach(url: str) -> None:
+    """Raises OSError unless `url`'s host, or the proxy that TFDS's `requests` would take to
+    it (HTTPS_PROXY and the like), accepts a TCP connection within REACH_TIMEOUT_S."""
+    parts = urllib.parse.urlsplit(url)
+    what, host, port = "download host", parts.hostname, parts.port or 443
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(host):
+        proxy_parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        what, host, port = "proxy", proxy_parts.hostname, proxy_parts.port or 80
+    try:
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError as e:
+        raise OSError(f"the {what} {host}:{port} cannot be reached: {e}") from None
 
 
 def _check_split(task: Task, split: str) -> None:

@@ -1,6 +1,7 @@
 """Every run of the recipe's grid on an export, resumable run by run, and the papers' summary.
 
-`output_dir` holds `spec.json` (what was asked: the export's identity, the recipe, the tasks),
+`output_dir` holds `spec.json` (what was asked: the export's identity, the recipe, the tasks,
+and where it computes: the device type and its precision, `compute_identity`),
 `runs/<run>.json` (one per finished run, written whole or not at all) and, once every run is
 done, `results.json`. A rerun with the same spec reuses the finished runs, so a killed search
 goes on where it stopped; a rerun with another spec is refused rather than mixed in. Nothing
@@ -22,7 +23,18 @@ from absl import logging
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import classifier, metrics, readers, tasks
 from maelm_jax.glue.recipe import Recipe
-from maelm_jax.glue.training import Encoded, RunResult, RunSpec, encode, fine_tune, steps_for
+from maelm_jax.glue.training import (
+    DeviceSplit,
+    Encoded,
+    LoopOptions,
+    ModelSlot,
+    RunResult,
+    RunSpec,
+    encode,
+    fine_tune,
+    steps_for,
+    to_device,
+)
 
 SPEC_FILE = "spec.json"
 RESULTS_FILE = "results.json"
@@ -63,6 +75,14 @@ def export_identity(export_dir: str) -> dict:
     }
 
 
+def compute_identity(device) -> dict:
+    """Where a run computes, as far as it changes the numbers: bf16 autocast on CUDA, float32
+    elsewhere (glue/training.py). Runs of one search, or rows of one study, computed on two
+    of these are not comparable to float noise, so a resume on the other is refused."""
+    kind = getattr(device, "type", str(device))
+    return {"device": kind, "precision": "bf16-autocast" if kind == "cuda" else "float32"}
+
+
 def write_json(path: str, value) -> None:
     """Whole or not at all: a killed write leaves no file a later run would trust."""
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -79,6 +99,13 @@ def claim_output_dir(output_dir: str, spec: dict) -> None:
     if os.path.isfile(path):
         with open(path) as f:
             old = json.load(f)
+        where, was = spec.get("compute"), old.get("compute")
+        if where is not None and where != was:
+            raise ConfigError(
+                f"--output_dir={output_dir} holds a fine-tuning search computed on "
+                f"{_where(was)}; this machine computes on {_where(where)}. Its results are "
+                "not mixed: resume it where it ran, or give a new --output_dir"
+            )
         if old != spec:
             changed = sorted(k for k in spec.keys() | old.keys() if spec.get(k) != old.get(k))
             raise ConfigError(
@@ -96,19 +123,29 @@ def claim_output_dir(output_dir: str, spec: dict) -> None:
     write_json(path, spec)
 
 
+def _where(compute: dict | None) -> str:
+    if not compute:
+        return "an unrecorded device and precision (written before they were recorded)"
+    return f"device={compute['device']}, precision={compute['precision']}"
+
+
 class Progress:
     """Steps done over the steps planned for the whole search, with a rate and an ETA;
-    logged at most every `every_s` seconds (and at each run's end)."""
+    logged at most every `every_s` seconds (and at each run's end). A run reports every few
+    steps (its loss is read that often), so `step` counts from the run's `step`."""
 
     def __init__(self, total_steps: int, every_s: float = 10.0):
         self.total, self.done, self.every_s = total_steps, 0, every_s
+        self.finished = 0  # steps of the runs done
         self.start = self.last = time.perf_counter()
 
     def skip(self, steps: int) -> None:
         self.total -= steps
 
     def step(self, name: str, step: int, steps: int, loss: float) -> None:
-        self.done += 1
+        self.done = self.finished + step
+        if step == steps:
+            self.finished += steps
         now = time.perf_counter()
         if now - self.last < self.every_s and step != steps:
             return
@@ -181,10 +218,13 @@ def run_search(
     inits: tuple[str, ...] = ("pretrained",),
     glue_dir: str | None = None,
     tfds_data_dir: str | None = None,
+    options: LoopOptions | None = None,
 ) -> dict:
-    """Runs (or picks up) every run and returns what results.json holds."""
+    """Runs (or picks up) every run and returns what results.json holds. The runs of a task
+    share its split, uploaded once, and one model on the device (`training.ModelSlot`)."""
     import torch
 
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for init in inits:
         if init not in classifier.INITS:
             raise ConfigError(f"--inits: {init!r}; allowed: {', '.join(classifier.INITS)}")
@@ -198,9 +238,9 @@ def run_search(
         "tasks": [t.name for t in task_list],
         "inits": list(inits),
         "data": os.path.abspath(glue_dir) if glue_dir else "tfds",
+        "compute": compute_identity(device),
     }
     claim_output_dir(output_dir, spec)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plan = [(t, init, recipe.runs(t.name, init, limit)) for t in task_list for init in inits]
     sizes = {t.name: len(data[t.name][0]) for t in task_list}
     progress = Progress(sum(steps_for(r, sizes[t.name]) for t, _, rs in plan for r in rs))
@@ -213,7 +253,9 @@ def run_search(
     for task, init, run_specs in plan:
         train, dev = data[task.name]
         enc_train: Encoded | None = None
+        on_device: DeviceSplit | None = None
         enc_dev: dict[str, Encoded] = {}
+        slot = ModelSlot(device, options or LoopOptions())
         results = []
         for run in run_specs:
             path = os.path.join(output_dir, "runs", f"{run.name}.json")
@@ -222,6 +264,8 @@ def run_search(
                 if enc_train is None:
                     enc_train = encode(tok, train, run.max_seq_length)
                     enc_dev = {s: encode(tok, d, run.max_seq_length) for s, d in dev.items()}
+                    regression = task.is_regression
+                    on_device = to_device(enc_train, tok.pad_token_id, device, regression)
 
                 def factory(task=task, run=run, init=init):
                     return classifier.classifier(
@@ -231,6 +275,7 @@ def run_search(
                 done = fine_tune(
                     factory, task, enc_train, enc_dev, run, tok.pad_token_id, device,
                     on_step=lambda s, n, loss, name=run.name: progress.step(name, s, n, loss),
+                    slot=slot, train_on_device=on_device,
                 )  # fmt: skip
                 write_json(path, dataclasses.asdict(done))
                 logging.info("%s: score %.2f (%.0f s)", run.name, done.score, done.seconds)

@@ -83,15 +83,26 @@ def steps_for(spec: RunSpec, num_train: int) -> int:
     return min(steps, spec.max_steps) if spec.max_steps else steps
 
 
-def _pad(rows: list[np.ndarray], pad_id: int):
+def _pad(rows: list[np.ndarray], pad_id: int, width: int | None = None):
     import torch
 
-    width = max(len(r) for r in rows)
+    width = width or max(len(r) for r in rows)
     ids = np.full((len(rows), width), pad_id, np.int64)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = r
     ids = torch.from_numpy(ids)
     return ids, ids != pad_id
+
+
+def bucket_width(width: int, limit: int) -> int:
+    """`width` rounded up to 8, 16, 24, 32, 48, 64, 96, 128, 192, ... (at most 1.5x the
+    padding, never past `limit`): a run sees a handful of shapes, so that `torch.compile` and
+    CUDA graphs build a handful of programs, not one per batch."""
+    bucket = 8
+    while bucket < width:
+        power = 1 << (bucket.bit_length() - 1)
+        bucket = power * 3 // 2 if bucket == power and power >= 16 else 2 * power
+    return min(bucket, limit)
 
 
 def _batch_order(lengths: np.ndarray, batch_size: int, steps: int, rng: np.random.Generator):
@@ -116,7 +127,50 @@ def _batch_order(lengths: np.ndarray, batch_size: int, steps: int, rng: np.rando
             done += 1
 
 
-def _optimizer(model, spec: RunSpec, steps: int):
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """How the steps run. None changes what a run computes beyond float rounding
+    (tests/test_finetune.py holds the losses to the loop before them;
+    `python -m maelm_jax.bench finetune` times each)."""
+
+    fused_adamw: bool = True  # the update as one kernel (CUDA and CPU), not ~10 per tensor
+    first_token: bool = True  # the last layer at `<s>` alone (`classifier.read_first_token_only`)
+    compile: bool = False  # torch.compile the model: pays on a GPU; eager if it fails
+    check_every: int = 25  # steps between reads of the loss (each read waits for the device)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSplit:
+    """A train split on the device, padded once: ids [n, longest row], labels [n]. The row
+    lengths stay on the host, where each batch's width is chosen without reading the device."""
+
+    ids: object
+    labels: object
+    lengths: np.ndarray
+    pad_id: int
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def _upload(array, device):
+    """Host -> device without blocking: a pinned copy on CUDA; on CPU, the array itself."""
+    import torch
+
+    tensor = torch.as_tensor(array)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+def to_device(data: Encoded, pad_id: int, device, regression: bool) -> DeviceSplit:
+    ids, _ = _pad(data.ids, pad_id)
+    labels = data.labels.astype(np.float32 if regression else np.int64)
+    lengths = np.asarray([len(r) for r in data.ids])
+    return DeviceSplit(_upload(ids, device), _upload(labels, device), lengths, pad_id)
+
+
+def _optimizer(model, spec: RunSpec, steps: int, fused: bool = False):
     import torch
 
     decay, no_decay = [], []
@@ -130,6 +184,7 @@ def _optimizer(model, spec: RunSpec, steps: int):
         lr=spec.learning_rate,
         betas=(0.9, 0.98),
         eps=1e-6,
+        **({"fused": True} if fused else {}),
     )
     warmup = int(spec.warmup_ratio * steps)
 
@@ -151,22 +206,145 @@ def _autocast(device):
     return contextlib.nullcontext()
 
 
+def _loss(model, ids, mask, target, regression: bool, device):
+    import torch
+
+    with _autocast(device):
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    logits = logits.float()
+    if regression:
+        return torch.nn.functional.mse_loss(logits[:, 0], target)
+    return torch.nn.functional.cross_entropy(logits, target)
+
+
+class ModelSlot:
+    """The model on the device, reused by the runs of a search: each run's freshly built
+    model (built on the host after seeding, so its head is the seed's as before) is copied
+    into it, so device memory, and torch.compile's programs, are made once, not per run."""
+
+    def __init__(self, device, options: LoopOptions | None = None):
+        self.device, self.options = device, options or LoopOptions()
+        self.model = self.step_model = None
+        self.compile_error: str | None = None
+
+    def load(self, fresh):
+        """(the model, what a train step calls: the model or its compiled self)."""
+        from maelm_jax.glue import classifier
+
+        if (
+            self.model is not None
+            and type(fresh) is type(self.model)
+            and fresh.config.to_dict() == self.model.config.to_dict()
+        ):
+            self.model.load_state_dict(fresh.state_dict())  # in place: compiled code stays
+            return self.model, self.step_model
+        self.model = fresh.to(self.device)
+        if self.options.first_token:
+            classifier.read_first_token_only(self.model)
+        elif getattr(type(self.model), "first_token_only", None) is not None:
+            self.model.first_token_only = False
+        self.step_model = self.model
+        if self.options.compile and self.compile_error is None:
+            import torch
+
+            self.step_model = torch.compile(self.model)
+        return self.model, self.step_model
+
+    def fall_back(self, error: Exception) -> None:
+        from absl import logging
+
+        self.compile_error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        logging.warning("torch.compile failed, training eagerly: %s", self.compile_error)
+        self.step_model = self.model
+
+
+def train_steps(
+    slot: ModelSlot,
+    task: Task,
+    data: DeviceSplit,
+    spec: RunSpec,
+    subset: np.ndarray,
+    rng: np.random.Generator,
+    on_step: Callable[[int, int, float], None] = lambda step, steps, loss: None,
+):
+    """The run's steps, a generator that yields after each (the benchmark times them one by
+    one) and returns the losses [steps]. Nothing in a step waits for the device: the batch is
+    gathered there from `data` through an index uploaded once, its width comes from host-side
+    lengths, and the loss is read every `check_every` steps (when a non-finite one raises)."""
+    import torch
+
+    device, options = slot.device, slot.options
+    model = slot.model
+    steps = steps_for(spec, len(data))
+    fused = options.fused_adamw and device.type in ("cuda", "cpu")
+    opt, schedule = _optimizer(model, spec, steps, fused)
+    batches = _batch_order(data.lengths[subset], spec.batch_size, steps, rng)
+    order = [subset[rows] for rows in batches]
+    bounds = np.cumsum([0] + [len(rows) for rows in order])
+    index = _upload(np.concatenate(order), device)
+    limit = data.ids.shape[1]
+    losses = torch.empty(steps, device=device)
+    read: list[float] = []
+    model.train()
+    for step, rows in enumerate(order):
+        idx = index[bounds[step] : bounds[step + 1]]
+        width = bucket_width(int(data.lengths[rows].max()), limit)
+        ids = data.ids[:, :width].index_select(0, idx)
+        target = data.labels.index_select(0, idx)
+        for attempt in (0, 1):
+            try:
+                opt.zero_grad(set_to_none=True)
+                mask = ids != data.pad_id
+                loss = _loss(slot.step_model, ids, mask, target, task.is_regression, device)
+                loss.backward()
+                break
+            except Exception as e:  # a torch.compile failure shows at the first call
+                if attempt or slot.step_model is model:
+                    raise
+                slot.fall_back(e)
+        opt.step()
+        schedule.step()
+        losses[step] = loss.detach()
+        if (step + 1) % options.check_every == 0 or step + 1 == steps:
+            chunk = losses[len(read) : step + 1].tolist()
+            for i, value in enumerate(chunk):
+                if not math.isfinite(value):
+                    raise FloatingPointError(
+                        f"{spec.name}: training loss is {value} at step {len(read) + i}"
+                    )
+            read += chunk
+            on_step(step + 1, steps, read[-1])
+        yield step
+    return np.asarray(read)
+
+
 def predict(model, data: Encoded, pad_id: int, device, regression: bool, batch_size: int = 128):
     """Class ids [n] (or scores [n]) for every row, in order; rows sorted by length in
-    between so that little of each batch is padding."""
+    between so that little of each batch is padding, and read back once at the end."""
     import torch
 
     order = np.argsort([len(r) for r in data.ids], kind="stable")
     out = np.empty(len(data), np.float64 if regression else np.int64)
+    found = []
     model.eval()
     with torch.inference_mode(), _autocast(device):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             ids, mask = _pad([data.ids[i] for i in idx], pad_id)
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            logits = logits.float().cpu().numpy()
-            out[idx] = logits[:, 0] if regression else logits.argmax(-1)
+            ids, mask = _upload(ids, device), _upload(mask, device)
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            found.append(logits[:, 0] if regression else logits.argmax(-1))
+    if found:
+        out[order] = torch.cat(found).cpu().numpy()
     return out
+
+
+def _drain(steps) -> np.ndarray:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def fine_tune(
@@ -178,9 +356,12 @@ def fine_tune(
     pad_id: int,
     device,
     on_step: Callable[[int, int, float], None] = lambda step, steps, loss: None,
+    slot: ModelSlot | None = None,
+    train_on_device: DeviceSplit | None = None,
 ) -> RunResult:
     """Trains a fresh `model_factory()` (built after seeding, so its head is the seed's) and
-    scores it on every dev split."""
+    scores it on every dev split. A search passes one `slot` (the model on the device) and
+    one `train_on_device` to all its runs of a task."""
     import torch
 
     start = time.perf_counter()
@@ -188,34 +369,10 @@ def fine_tune(
     rng = np.random.default_rng(spec.seed)
     n = min(len(train), spec.max_train_examples or len(train))
     subset = rng.permutation(len(train))[:n] if n < len(train) else np.arange(n)
-    model = model_factory().to(device)
-    steps = steps_for(spec, len(train))
-    opt, schedule = _optimizer(model, spec, steps)
-    labels = torch.as_tensor(
-        train.labels, dtype=torch.float32 if task.is_regression else torch.long
-    )
-    losses = []
-    model.train()
-    lengths = np.asarray([len(train.ids[i]) for i in subset])
-    for step, rows in enumerate(_batch_order(lengths, spec.batch_size, steps, rng)):
-        rows = subset[rows]
-        ids, mask = _pad([train.ids[i] for i in rows], pad_id)
-        target = labels[rows].to(device)
-        with _autocast(device):
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-        logits = logits.float()
-        if task.is_regression:
-            loss = torch.nn.functional.mse_loss(logits[:, 0], target)
-        else:
-            loss = torch.nn.functional.cross_entropy(logits, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        schedule.step()
-        losses.append(float(loss.detach()))
-        if not math.isfinite(losses[-1]):
-            raise FloatingPointError(f"{spec.name}: training loss is {losses[-1]} at step {step}")
-        on_step(step + 1, steps, losses[-1])
+    slot = slot or ModelSlot(device)
+    model, _ = slot.load(model_factory())
+    on_device = train_on_device or to_device(train, pad_id, device, task.is_regression)
+    losses = _drain(train_steps(slot, task, on_device, spec, subset, rng, on_step))
     by_split = {
         split: metrics.split_metrics(
             task, predict(model, data, pad_id, device, task.is_regression), data.labels
@@ -227,7 +384,7 @@ def fine_tune(
         spec=spec,
         metrics=by_split,
         score=metrics.task_score(task, by_split),
-        steps=steps,
+        steps=len(losses),
         train_examples=n,
         final_train_loss=float(np.mean(tail)),
         seconds=time.perf_counter() - start,

@@ -3,7 +3,9 @@
 TPU rows come from `tpu_chips` (bf16). JAX's default matmul precision on TPU runs float32
 matmuls as one bf16 pass, so a float32 model's peak is the bf16 one. On NVIDIA GPUs JAX's
 default precision lets float32 matmuls use TF32 tensor cores (A100 and later), so the
-float32 column is the dense TF32 peak. Published dense (no sparsity) numbers, SXM parts.
+float32 column is the dense TF32 peak. Published dense (no sparsity) numbers: SXM parts by
+their family name, the PCIe and NVL cards (lower clocks and power) by their own, which JAX's
+`device_kind` carries ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL").
 CPUs have no entry: there MFU needs a peak from the user (`config.peak_flops_per_device`).
 """
 
@@ -34,7 +36,10 @@ PEAKS = {
     "TPU v6e": _tpu("v6e"),
     "NVIDIA A100": Peak(312e12, 156e12),
     "NVIDIA H100": Peak(989e12, 495e12),
+    "NVIDIA H100 PCIe": Peak(756e12, 378e12),
+    "NVIDIA H100 NVL": Peak(835e12, 418e12),
     "NVIDIA H200": Peak(989e12, 495e12),
+    "NVIDIA H200 NVL": Peak(835e12, 418e12),
     "NVIDIA GH200": Peak(989e12, 495e12),
     "NVIDIA B200": Peak(2250e12, 1100e12),
     "NVIDIA L4": Peak(121e12, 60e12),

@@ -15,9 +15,12 @@ import pkgutil
 
 import jax
 
-# TPU chips appear as /dev/accel* (v2-v4) or behind VFIO (v5e and later); a TPU VM's
-# runtime environment, or a user forcing TPU initialisation, sets one of these variables.
-_TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/*")
+# TPU chips appear as /dev/accel* (v2-v4) or behind VFIO (v5e and later). /dev/vfio/vfio
+# and VFIO groups exist on many GPU VMs too, so a VFIO TPU is recognised by its PCI
+# vendor, Google's (0x1ae0), as JAX's own TPU detection does; a TPU VM's runtime
+# environment, or a user forcing TPU initialisation, sets one of these variables.
+_TPU_DEVICE_GLOBS = ("/dev/accel*",)
+GOOGLE_PCI_VENDOR = "0x1ae0"
 _TPU_ENV_VARS = (
     "TPU_ACCELERATOR_TYPE",
     "TPU_WORKER_HOSTNAMES",
@@ -27,11 +30,34 @@ _TPU_ENV_VARS = (
 )
 
 
-def tpu_may_be_present() -> bool:
-    """True unless no TPU device file and no TPU environment variable exists."""
+def google_pci_device_present(sysfs: str = "/sys/bus/pci/devices") -> bool:
+    for vendor_file in glob.glob(os.path.join(sysfs, "*", "vendor")):
+        try:
+            with open(vendor_file) as f:
+                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def tpu_may_be_present(sysfs: str = "/sys/bus/pci/devices") -> bool:
+    """True unless no TPU device file, no Google PCI device and no TPU environment
+    variable exists."""
     if any(os.environ.get(name) for name in _TPU_ENV_VARS):
         return True
-    return any(glob.glob(pattern) for pattern in _TPU_DEVICE_GLOBS)
+    if any(glob.glob(pattern) for pattern in _TPU_DEVICE_GLOBS):
+        return True
+    return google_pci_device_present(sysfs)
+
+
+def kernel_platform(device) -> str:
+    """What decides which kernels a device runs: "tpu", "cpu", "gpu" for an NVIDIA GPU and
+    "rocm" for an AMD one (JAX names both "gpu"; cuDNN and Triton-on-CUDA exist on the
+    first only)."""
+    if device.platform == "gpu" and "rocm" in device.client.platform_version.lower():
+        return "rocm"
+    return device.platform
 
 
 def non_tpu_platforms() -> str:

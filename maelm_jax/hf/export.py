@@ -21,7 +21,6 @@ import shutil
 import tempfile
 import uuid
 
-import jax
 import numpy as np
 
 from maelm_jax.config import paths
@@ -104,18 +103,24 @@ def parity_batch(trained: trained_model.TrainedModel) -> np.ndarray:
     return batch
 
 
-def jax_outputs(trained: trained_model.TrainedModel, ids: np.ndarray, with_lm_head: bool):
-    """(hidden [B, T, E], logits [B, T, V] or None) of the JAX model in float32."""
-    positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
+def parity_fn(trained: trained_model.TrainedModel, with_lm_head: bool):
+    """(params, ids, positions) -> (hidden, logits or None): the JAX side of the parity, at
+    full float32 precision on any device (trained_model.FullPrecisionJit)."""
 
     def run(module, ids, positions):
         hidden = module.encode(ids, positions)
         logits = module.lm_head(hidden, module.token_embed) if with_lm_head else None
         return hidden, logits
 
-    hidden, logits = jax.jit(lambda p, i, q: trained.model.apply({"params": p}, i, q, method=run))(
-        trained.params, ids, positions
+    return trained_model.FullPrecisionJit(
+        lambda p, i, q: trained.model.apply({"params": p}, i, q, method=run)
     )
+
+
+def jax_outputs(trained: trained_model.TrainedModel, ids: np.ndarray, with_lm_head: bool):
+    """(hidden [B, T, E], logits [B, T, V] or None) of the JAX model in float32."""
+    positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
+    hidden, logits = parity_fn(trained, with_lm_head)(trained.params, ids, positions)
     vocab = trained.tokenizer.vocab_size
     return np.asarray(hidden), None if logits is None else np.asarray(logits)[..., :vocab]
 

@@ -9,6 +9,10 @@ Everything but the bias is RoBERTa's own modules (embeddings, layers, LM and cla
 heads), so parameter names and numerics are `RobertaModel`'s. The bias is looked up in the
 bucket table stored in config.json (`relative_attention_bucket_table`, computed by maelm_jax
 at export): entry `d + max_positions - 1` is the bucket of offset `key - query = d`.
+
+The sequence classifier reads only `<s>`, so its last layer runs the query, the attention
+output and the MLP at position 0 alone (`first_token_layer`): the same numbers at position 0,
+a quarter less arithmetic in a 4-layer encoder.
 """
 
 import torch
@@ -51,11 +55,50 @@ class MaelmConfig(RobertaConfig):
 
 
 class MaelmPreTrainedModel(RobertaPreTrainedModel):
-    """RoBERTa's initialisation (also of the embeddings' buffers); the bias table is a plain
-    config value, turned into a tensor in `forward`, so loading has nothing to restore."""
+    """RoBERTa's initialisation (also of the embeddings' buffers). The bucket table is a
+    non-persistent buffer filled from config.json here: the weights file does not hold it,
+    and building it in `forward` instead cost a blocking host-to-device copy every step."""
 
     config_class = MaelmConfig
     base_model_prefix = "roberta"
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, MaelmEncoder):
+            with torch.no_grad():
+                module.bucket_table.copy_(_table(self.config))
+
+
+def _table(config) -> torch.Tensor:
+    return torch.tensor(list(config.relative_attention_bucket_table), dtype=torch.long)
+
+
+def first_token_layer(layer, hidden_states, attention_mask):
+    """A `RobertaLayer` at position 0 alone: hidden_states [B, T, E] -> [B, 1, E], the full
+    layer's row 0 (its query, attention output and MLP; keys and values from every position).
+    attention_mask: None, or broadcastable to [B, N, T, T] (bool, or additive float)."""
+    attention = layer.attention.self
+    b, t, _ = hidden_states.shape
+    d = attention.attention_head_size
+
+    def heads(x, n):
+        return x.view(b, n, -1, d).transpose(1, 2)
+
+    query = heads(attention.query(hidden_states[:, :1]), 1)
+    key = heads(attention.key(hidden_states), t)
+    value = heads(attention.value(hidden_states), t)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[2] > 1:
+        attention_mask = attention_mask[:, :, :1]
+    context = nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=attention.dropout.p if attention.training else 0.0,
+        scale=attention.scaling,
+    )
+    context = context.transpose(1, 2).reshape(b, 1, -1)
+    return layer.feed_forward_chunk(layer.attention.output(context, hidden_states[:, :1]))
 
 
 class MaelmEncoder(nn.Module):
@@ -69,18 +112,27 @@ class MaelmEncoder(nn.Module):
         self.relative_attention_bias = nn.Embedding(
             config.relative_attention_num_buckets, config.num_attention_heads
         )
-        self.bucket_table = list(config.relative_attention_bucket_table)
+        self.register_buffer("bucket_table", _table(config), persistent=False)
         self.max_positions = config.max_position_embeddings - 2
 
-    def forward(self, hidden_states, positions, key_mask):
-        """hidden_states [B, T, E]; positions [B, T] 0-based; key_mask bool [B, T]."""
+    def forward(self, hidden_states, positions, key_mask, first_token_only=False):
+        """hidden_states [B, T, E]; positions [B, T] 0-based; key_mask bool [B, T] ->
+        [B, T, E], or [B, 1, E] (`<s>`'s row) with `first_token_only`.
+
+        Under autocast the bias is cast to the compute dtype once here; in float32 each
+        layer's attention would cast it again."""
         offsets = positions[:, None, :] - positions[:, :, None] + self.max_positions - 1
-        table = torch.tensor(self.bucket_table, dtype=torch.long, device=positions.device)
-        offsets = offsets.clamp(0, table.numel() - 1)  # out of range only at padding
-        bias = self.relative_attention_bias(table[offsets]).permute(0, 3, 1, 2)
-        blocked = torch.finfo(hidden_states.dtype).min
-        scores_bias = bias.to(hidden_states.dtype).masked_fill(~key_mask[:, None, None, :], blocked)
-        for layer in self.layer:
+        offsets = offsets.clamp(0, self.bucket_table.numel() - 1)  # out of range only at padding
+        bias = self.relative_attention_bias(self.bucket_table[offsets]).permute(0, 3, 1, 2)
+        dtype = hidden_states.dtype
+        if torch.is_autocast_enabled(hidden_states.device.type):
+            dtype = torch.get_autocast_dtype(hidden_states.device.type)
+        blocked = torch.finfo(dtype).min
+        scores_bias = bias.to(dtype).masked_fill(~key_mask[:, None, None, :], blocked)
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            if first_token_only and i == last:
+                return first_token_layer(layer, hidden_states, scores_bias)
             out = layer(hidden_states, attention_mask=scores_bias)
             hidden_states = out[0] if isinstance(out, tuple) else out
         return hidden_states
@@ -101,7 +153,14 @@ class MaelmModel(MaelmPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, return_dict=True, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        return_dict=True,
+        first_token_only=False,
+        **kwargs,
+    ):
         pad = self.config.pad_token_id
         if attention_mask is None:
             attention_mask = input_ids != pad
@@ -113,7 +172,7 @@ class MaelmModel(MaelmPreTrainedModel):
             position_ids=position_ids,
             token_type_ids=torch.zeros_like(input_ids),
         )
-        hidden = self.encoder(hidden, position_ids - pad - 1, key_mask)
+        hidden = self.encoder(hidden, position_ids - pad - 1, key_mask, first_token_only)
         if not return_dict:
             return (hidden,)
         return BaseModelOutput(last_hidden_state=hidden)
@@ -149,7 +208,11 @@ class MaelmForMaskedLM(MaelmPreTrainedModel):
 
 
 class MaelmForSequenceClassification(MaelmPreTrainedModel):
-    """RoBERTa's classification head on the `<s>` vector (GLUE fine-tuning)."""
+    """RoBERTa's classification head on the `<s>` vector (GLUE fine-tuning). The encoder's
+    last layer computes that row alone; `first_token_only = False` runs it whole (the same
+    logits, for comparison)."""
+
+    first_token_only = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -159,7 +222,9 @@ class MaelmForSequenceClassification(MaelmPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, return_dict=True, **kwargs):
-        hidden = self.roberta(input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.roberta(
+            input_ids, attention_mask=attention_mask, first_token_only=self.first_token_only
+        ).last_hidden_state
         logits = self.classifier(hidden)
         loss = None
         if labels is not None:

@@ -69,7 +69,7 @@ def layer_outputs_fn(model: nn.Module, num_layers: int):
         outs += [b.reshape(outs[0].shape) for b in blocks]  # [B * T, E] where T would pad
         return jax.numpy.stack(outs)
 
-    return jax.jit(run)
+    return trained_model.FullPrecisionJit(run)
 
 
 def held_out_blocks(trained, text_file: str | None, num_tokens: int) -> np.ndarray:

@@ -19,9 +19,13 @@ to 11008 (mlm_large: 10528).
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
+from maelm_jax.config.rules import REMAT_POLICIES
+
 # A block's weight-matmul outputs, by the names attention.py and transformer.Mlp give them.
 MATMUL_OUTPUTS = ("query", "key", "value", "attention_out", "mlp_hidden", "mlp_out")
 
+# Every name of REMAT_POLICIES but "none" (no remat at all), checked below: a name a config
+# may give must have a policy here, or a run would fail only when it builds its model.
 POLICIES = {
     "full": None,  # save nothing, recompute the whole block
     # Every weight matmul's output (the attention's own matmuls are recomputed in query
@@ -35,6 +39,8 @@ POLICIES = {
         *(name for name in MATMUL_OUTPUTS if name != "query")
     ),
 }
+if set(POLICIES) != set(REMAT_POLICIES) - {"none"}:
+    raise ImportError(f"remat POLICIES {sorted(POLICIES)} do not match REMAT_POLICIES")
 
 
 LANES = 128  # a TPU's minor-axis tile

@@ -1,4 +1,4 @@
-"""Where a train step's time goes. `capture` records an XProf trace of a window of a run's
-steps (`config.profile_num_steps`); `trace_files` traces the real step for `python -m
-maelm_jax.bench kernels` and reads the trace back, `summary` sums it up by kernel and
-category."""
+"""Where a train step's time goes, for `python -m maelm_jax.bench kernels`: `trace_files`
+traces the real step and reads the trace back, `summary` sums it up by kernel and category.
+It sits above the loop it times (training/); a run's own trace window is the loop's
+(`training.profile_window`)."""

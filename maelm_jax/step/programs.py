@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from maelm_jax.config.run_config import MaskingConfig, ModelConfig, RunConfig, dropout_rng_impl_for
 from maelm_jax.data.tokenizer import BOS_ID, EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from maelm_jax.hardware import platforms
 from maelm_jax.model.kernels.cudnn import COMPILER_OPTIONS
 from maelm_jax.model.masked_lm import MaskedLM
 from maelm_jax.step import optimizer, sharding, train_state, train_step
@@ -84,7 +85,7 @@ def build(run: RunConfig, mesh: Mesh, vocab_size: int) -> Programs:
     """
     rules = sharding.axis_rules(run.mesh)
     sharding.check_batch(run, mesh, rules)
-    platform = mesh.devices.flat[0].platform
+    platform = platforms.kernel_platform(mesh.devices.flat[0])
     embed_shards = sharding.num_shards(mesh, rules, "embed")
     model, masking_cfg = model_and_masking(run, vocab_size, platform, embed_shards)
     model_cfg = model.config

@@ -56,6 +56,15 @@ class Study:
             return f"{self.workdir_root}/{name}"  # no trailing "/": `workdir_root` strips it
         return os.path.join(study_dir, name, "workdir")
 
+    @staticmethod
+    def export_dir(study_dir: str, name: str) -> str:
+        return os.path.join(study_dir, name, "export")
+
+
+def marker(study_dir: str, row: str, stage: str) -> str:
+    """Where a finished stage leaves its measurements (`stages.once`)."""
+    return os.path.join(study_dir, row, f"{stage}.json")
+
 
 def with_overrides(configs: dict, overrides: dict[str, str]) -> dict:
     """{name: ConfigDict} with the study-wide `key=value` overrides applied to each, checked

@@ -4,9 +4,10 @@ alone for the random-init row. On several processes (a pod) every process pretra
 process 0 alone does the rest (`hosts`).
 
 A finished stage leaves `<row>/<stage>.json` (its measurements, written whole or not at all),
-and is never redone. A stage killed midway is redone from where its own work allows:
-pretraining resumes from its newest checkpoint, the search reuses its finished runs, the
-export appears only once parity holds.
+and is not redone unless a later stage needs what it made and that is gone (a study folder
+copied without its checkpoints and exports: `resume`). A stage killed midway is redone from
+where its own work allows: pretraining resumes from its newest checkpoint, the search reuses
+its finished runs, the export appears only once parity holds.
 """
 
 import json
@@ -20,13 +21,9 @@ from absl import logging
 from maelm_jax.config import configdict
 from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
 from maelm_jax.glue.search import run_search, write_json
-from maelm_jax.hardware import multihost
-from maelm_jax.studies import hosts, task_text
-from maelm_jax.studies.plan import RANDOM_ROW, Study
-
-
-def _marker(study_dir: str, row: str, stage: str) -> str:
-    return os.path.join(study_dir, row, f"{stage}.json")
+from maelm_jax.hardware import handover, multihost
+from maelm_jax.studies import hosts, resume, task_text
+from maelm_jax.studies.plan import RANDOM_ROW, Study, marker
 
 
 def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> dict | None:
@@ -35,7 +32,7 @@ def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> 
     `together`: a stage every process runs (collective). All agree on whether it is done,
     `work()` returns the result on process 0 alone, which writes the marker, and nobody goes
     on before it is written, nor alone when one process failed; None on the others."""
-    path = _marker(study_dir, row, stage)
+    path = marker(study_dir, row, stage)
     done = os.path.isfile(path)
     if multihost.all_true(done) if together else done:
         with open(path) as f:
@@ -113,7 +110,8 @@ def _numel(f, key: str) -> int:
     return n
 
 
-def finetune(study: Study, export_dir: str, out: str, init: str) -> dict:
+def finetune(study: Study, row: str, export_dir: str, out: str, init: str) -> dict:
+    resume.check_search(row, export_dir, out)
     result = run_search(
         export_dir, list(study.tasks), study.recipe, out, inits=(init,), glue_dir=study.glue_dir
     )
@@ -161,6 +159,31 @@ def with_corpus(study: Study, study_dir: str) -> dict:
     return configs
 
 
+def hand_over_the_accelerator() -> None:
+    """Once pretraining is done JAX's part of the accelerator is PyTorch's (fine-tuning),
+    and what JAX computes after it (the export's parity, the rank) runs on the CPU as the
+    `export` and `analysis` commands do (hardware/handover.py). A JAX that cannot let go
+    leaves fine-tuning less memory, not a wrong result: a warning, not a failure."""
+    try:
+        handover.to_cpu()
+    except RuntimeError as e:
+        logging.warning("study: %s; fine-tuning gets what JAX left of the accelerator", e)
+        return
+    free = accelerator_memory()
+    if free:
+        logging.info("study: fine-tuning has %.1f of %.1f GiB of the GPU free", *free)
+
+
+def accelerator_memory() -> tuple[float, float] | None:
+    """(free, total) GiB of PyTorch's CUDA device, None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return free / 2**30, total / 2**30
+
+
 def check_one_data_order(study_dir: str, names) -> None:
     """Refuses to pretrain the rest of a study on another number of processes than the
     objectives already pretrained: each process reads its own shards of the corpus, so the
@@ -168,7 +191,7 @@ def check_one_data_order(study_dir: str, names) -> None:
     count no longer matters (export, fine-tuning and rank read files)."""
     done, todo = {}, []
     for name in names:
-        path = _marker(study_dir, name, "pretrain")
+        path = marker(study_dir, name, "pretrain")
         if os.path.isfile(path):
             with open(path) as f:  # a marker from before the count was kept: one process
                 done[name] = json.load(f).get("processes", 1)
@@ -190,6 +213,9 @@ def run_all(study: Study, study_dir: str) -> dict | None:
     random-init row last. None on a process other than 0 of a multi-process study: it leaves
     once pretraining is done."""
     hosts.on_process_0(
+        "looking for what the study folder lacks", lambda: resume.reopen(study, study_dir)
+    )
+    hosts.on_process_0(
         "checking the study's process count",
         lambda: check_one_data_order(study_dir, study.configs),
     )
@@ -207,10 +233,11 @@ def run_all(study: Study, study_dir: str) -> dict | None:
     fresh_runtime = hosts.many()  # process 0 alone after this, in the pod's JAX runtime
     if fresh_runtime and not hosts.leave_job():
         return None
+    hand_over_the_accelerator()
     rows = {}
     for name in configs:
         base = os.path.join(study_dir, name)
-        workdir, export_dir = study.workdir(study_dir, name), os.path.join(base, "export")
+        workdir, export_dir = study.workdir(study_dir, name), study.export_dir(study_dir, name)
         rows[name] = {
             "pretrain": pretrained[name],
             "export": once(
@@ -223,8 +250,8 @@ def run_all(study: Study, study_dir: str) -> dict | None:
                 study_dir,
                 name,
                 "finetune",
-                lambda e=export_dir, b=base: finetune(
-                    study, e, os.path.join(b, "finetune"), "pretrained"
+                lambda n=name, e=export_dir, b=base: finetune(
+                    study, n, e, os.path.join(b, "finetune"), "pretrained"
                 ),
             ),
             "rank": once(
@@ -237,7 +264,7 @@ def run_all(study: Study, study_dir: str) -> dict | None:
             ),
         }
     first = next(iter(study.configs))
-    first_export = os.path.join(study_dir, first, "export")
+    first_export = study.export_dir(study_dir, first)
     rows[RANDOM_ROW] = {
         "architecture_of": first,
         "finetune": once(
@@ -245,7 +272,11 @@ def run_all(study: Study, study_dir: str) -> dict | None:
             RANDOM_ROW,
             "finetune",
             lambda: finetune(
-                study, first_export, os.path.join(study_dir, RANDOM_ROW, "finetune"), "random"
+                study,
+                RANDOM_ROW,
+                first_export,
+                os.path.join(study_dir, RANDOM_ROW, "finetune"),
+                "random",
             ),
         ),
     }

@@ -14,9 +14,8 @@ from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.data import batches, input_pipeline, unigram
 from maelm_jax.hardware import multihost
 from maelm_jax.inspection import fill_in
-from maelm_jax.profiling import capture
 from maelm_jax.step import programs, sharding
-from maelm_jax.training import metric_logging, telemetry
+from maelm_jax.training import metric_logging, profile_window, telemetry
 from maelm_jax.training.preemption import Interrupted, PreemptionWatcher
 
 
@@ -178,7 +177,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
     # --- Reporting: process 0 writes, everyone logs its own errors. ---
     loop = run.loop
     writer = metric_logging.create_writer(workdir)
-    profile = capture.ProfileWindow(
+    profile = profile_window.ProfileWindow(
         workdir,
         loop.profile_start_step,
         loop.profile_num_steps if process_index == 0 else 0,
