@@ -218,3 +218,18 @@ def test_the_suites_longest_first_order_names_modules_that_exist():
     missing = [name for name in HEAVIEST_FIRST if not (REPO / "tests" / name).is_file()]
     assert not missing, f"conftest.HEAVIEST_FIRST names no module {missing}; rename them there"
     assert len(set(HEAVIEST_FIRST)) == len(HEAVIEST_FIRST)
+
+
+def test_the_slow_set_names_modules_and_tests_that_exist():
+    """conftest's slow set leaves the README's command by name: a renamed module or test
+    would silently move back into the fast set, and the command's time with it."""
+    from conftest import SLOW_MODULES, SLOW_TESTS
+
+    tests = REPO / "tests"
+    missing = [name for name in SLOW_MODULES if not (tests / name).is_file()]
+    for entry in SLOW_TESTS:
+        module, _, name = entry.partition("::")
+        path = tests / module
+        if not path.is_file() or f"def {name}(" not in path.read_text():
+            missing.append(entry)
+    assert not missing, f"conftest's slow set names nothing at {missing}; rename them there"

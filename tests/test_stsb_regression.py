@@ -9,11 +9,13 @@ task: two sentences of six distinct words each, scored 5 x (the share of the fir
 the second repeats), so a bag-of-words overlap scores Spearman 1.0 and the mean scores 0.
 
 A cross-encoder from random init has to learn to match equal tokens across the two sentences
-before its score moves off the mean; on this CPU (2026-11-29) that took more than 600 steps
-at lr 3e-3 and never happened in 400 steps at lr 1e-4 to 3e-3. The budget here (1500 steps,
-lr 3e-3, initializer_range 0.1, dropout 0) is the one that passed that point on every seed
-tried: dev Spearman 0.79 to 0.89 over three seeds, 20 to 25 s each, where RoBERTa's
-initializer_range 0.02 scored -0.01 to 0.75.
+before its score moves off the mean; on this CPU (2026-11-28) the study's 4 x 128 encoder did
+not, in 100 to 400 steps at lr 1e-4 to 3e-3, nor with labels scaled to 0-1 or dropout 0.
+The budget here (this 2 x 64 encoder, 1500 steps, lr 3e-3, initializer_range 0.1, dropout 0)
+passed that point on every seed tried: dev Spearman 0.82 to 0.86 over seeds 1-5 (final train
+loss 0.35 to 0.63, the labels' variance 2.9), 19 s a run on one free core. With RoBERTa's
+initializer_range 0.02 the same budget scored 0.21, 0.51 and -0.04 (seeds 1-3): the escape
+from the mean depends on the seed there, so the test does not use it.
 """
 
 import json
@@ -94,7 +96,7 @@ def test_random_init_cross_encoder_learns_pair_overlap(random_export):
     result = training.fine_tune(model, task, train, {"dev": dev}, SPEC, PAD, torch.device("cpu"))
     got = result.metrics["dev"]
     variance = float(np.var(train.labels))  # the mean predictor's MSE, about 2.9
-    # The mean scores 0; the runs this was sized on scored 0.79 to 0.89 (module docstring).
+    # The mean scores 0; the runs this was sized on scored 0.82 to 0.86 (module docstring).
     assert got["spearman"] > 0.5 and got["pearson"] > 0.5, (got, result.final_train_loss)
     assert result.final_train_loss < 0.5 * variance, (result.final_train_loss, variance)
     assert result.steps == SPEC.max_steps

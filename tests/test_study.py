@@ -47,6 +47,8 @@ def _study(args, wait=True, cwd=REPO_ROOT):
     """The study on one process as a user runs it: JAX picks its backend (no JAX_PLATFORMS),
     on a machine that ships mpi4py as NVIDIA's containers do."""
     env = {**process_env(1), "OMP_NUM_THREADS": "1"}
+    for name in [n for n in env if n.startswith("TPU_") or n == "ALLOW_MULTIPLE_LIBTPU_LOAD"]:
+        env.pop(name)  # what in-process TPU compiles set: a user's shell has none
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT), str(REPO_ROOT / "tests" / "mpi4py_importable")]
     )
