@@ -18,6 +18,23 @@ from tiny_configs import REPO_ROOT
 from xla_flags import FAST_COMPILE
 
 DEVICES_PER_PROCESS = 4
+# What libtpu prints on a machine without TPU chips when JAX tries its backend (platforms.py).
+TPU_INIT_ERRORS = (
+    "Failed to find host bounds for accelerator type",
+    "unexpected worker hostname",
+    "Unable to initialize backend 'tpu'",
+)
+
+
+def users_machine(env: dict[str, str]) -> dict[str, str]:
+    """`env` as a user's shell on a GPU box has it: JAX left to choose its backend (no
+    JAX_PLATFORMS), none of the libtpu variables that in-process TPU compiles set, and an
+    importable mpi4py on PYTHONPATH (tests/mpi4py_importable), as NVIDIA's containers ship."""
+    dropped = ("JAX_PLATFORMS", "ALLOW_MULTIPLE_LIBTPU_LOAD")
+    env = {n: v for n, v in env.items() if n not in dropped and not n.startswith("TPU_")}
+    mpi4py = REPO_ROOT / "tests" / "mpi4py_importable"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(mpi4py)])
+    return env
 
 
 def free_port() -> int:

@@ -25,7 +25,6 @@ from maelm_jax.inspection import representation_rank, trained_model
 from maelm_jax.model.masked_lm import init_inputs
 from maelm_jax.step import programs
 
-MPI4PY = REPO_ROOT / "tests" / "mpi4py_importable"
 CLUSTER_VARS = (
     "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
     "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX",
@@ -38,7 +37,7 @@ def lone_host(monkeypatch):
     """No cluster's variables, and an importable mpi4py, as in NVIDIA's containers."""
     for name in CLUSTER_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.syspath_prepend(str(MPI4PY))
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "tests" / "mpi4py_importable"))
     return monkeypatch
 
 

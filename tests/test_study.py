@@ -11,9 +11,8 @@ import sys
 import time
 
 import pytest
-from process_runs import free_port, process_env
+from process_runs import TPU_INIT_ERRORS, free_port, process_env, users_machine
 from test_glue_data import STSB_HEADER, write_glue
-from test_train import TPU_INIT_ERRORS
 from text_corpora import sample_document
 from tiny_configs import REPO_ROOT, tiny_config
 
@@ -46,13 +45,7 @@ def get_config():
 def _study(args, wait=True, cwd=REPO_ROOT):
     """The study on one process as a user runs it: JAX picks its backend (no JAX_PLATFORMS),
     on a machine that ships mpi4py as NVIDIA's containers do."""
-    env = {**process_env(1), "OMP_NUM_THREADS": "1"}
-    for name in [n for n in env if n.startswith("TPU_") or n == "ALLOW_MULTIPLE_LIBTPU_LOAD"]:
-        env.pop(name)  # what in-process TPU compiles set: a user's shell has none
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT), str(REPO_ROOT / "tests" / "mpi4py_importable")]
-    )
-    env.pop("JAX_PLATFORMS")
+    env = users_machine({**process_env(1), "OMP_NUM_THREADS": "1"})
     proc = subprocess.Popen(
         [sys.executable, "-m", "maelm_jax.study", *args],
         cwd=cwd,

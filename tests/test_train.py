@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from etils import epath
+from process_runs import TPU_INIT_ERRORS, users_machine
 from tensorboard.backend.event_processing import event_accumulator
 from text_corpora import sample_document, write_corpus
 from tiny_configs import REPO_ROOT, printed_by_fresh_python, tiny_run_config
@@ -77,28 +78,12 @@ def test_the_loop_and_its_writers_load_without_tensorflow(tmp_path):
     assert metric_logging.read_metrics(tmp_path) == {1: {"step": 1, "train/loss": 2.5}}
 
 
-# What libtpu prints on a machine without TPU chips when JAX tries its backend (platforms.py).
-TPU_INIT_ERRORS = (
-    "Failed to find host bounds for accelerator type",
-    "unexpected worker hostname",
-    "Unable to initialize backend 'tpu'",
-)
-
-
 def test_cli_trains_the_default_config(tmp_path):
     """The README's command: the default config, a workdir relative to the current dir, and
     JAX left to choose its backend as on a user's machine: no TPU errors on a CPU. The
     machine ships mpi4py, as NVIDIA's containers do: one process is still no cluster."""
-    mpi4py = REPO_ROOT / "tests" / "mpi4py_importable"
-    env = dict(
-        os.environ,
-        TFDS_DATA_DIR=str(tmp_path / "tfds"),
-        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(mpi4py)]),
-    )
-    # A user's shell: none of the libtpu variables that in-process AOT compile tests set.
-    dropped = ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "ALLOW_MULTIPLE_LIBTPU_LOAD")
-    for name in [n for n in env if n in dropped or n.startswith("TPU_")]:
-        env.pop(name)
+    env = users_machine(dict(os.environ, TFDS_DATA_DIR=str(tmp_path / "tfds")))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     result = subprocess.run(
         [sys.executable, "-m", "maelm_jax.main", f"--config={REPO_ROOT}/configs/default.py",
          "--config.num_train_steps=3", "--workdir=workdirs/default"],
