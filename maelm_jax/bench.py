@@ -7,7 +7,8 @@
     python -m maelm_jax.bench kernels --configs=mlm_base --batch_size=64 --seq_len=512 \
         --steps=3 [--top=15] [--logdir=DIR] [--json]
     python -m maelm_jax.bench finetune [--finetune_encoder=4x128 --batch_size=32 --seq_len=64]
-        [--finetune_steps=N] [--finetune_compile] [--json]
+        [--finetune_export=DIR --finetune_task=sst2 --glue_dir=DIR] [--finetune_steps=N]
+        [--finetune_rounds=3] [--finetune_compile] [--json]
 
 `--configs` takes config names in configs/ or paths to config files (ending in .py).
 
@@ -40,6 +41,7 @@ from maelm_jax.config import cli, configdict
 from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import input_speed, preparation, prepared
 from maelm_jax.data.tokenizer import Tokenizer
+from maelm_jax.glue.readers import GlueDataError
 from maelm_jax.hardware import host_cpus, platforms, tpu_chips
 from maelm_jax.model import flop_count
 from maelm_jax.profiling import summary, trace_files
@@ -84,8 +86,20 @@ flags.DEFINE_string(
     "finetune_encoder", "4x128", "`finetune`: LAYERSxWIDTH (heads of 64, MLP 4x); the CPU "
     "study's is 4x128, the GPU preset's 6x512."
 )  # fmt: skip
+flags.DEFINE_string(
+    "finetune_export", None, "`finetune`: an export to time instead of a random-init one."
+)
+flags.DEFINE_string(
+    "finetune_task", None, "`finetune`: a GLUE task whose train rows (tokenized by "
+    "--finetune_export's tokenizer) replace the synthetic ones."
+)  # fmt: skip
+flags.DEFINE_string("glue_dir", None, "`finetune`: GLUE's download for --finetune_task; else TFDS.")
 flags.DEFINE_integer(
-    "finetune_steps", None, "`finetune`: timed steps per variant; default 40 (CPU), 300 (GPU).", 1
+    "finetune_steps", None, "`finetune`: timed steps per variant and round; default 20 (CPU), "
+    "100 (GPU).", 1
+)  # fmt: skip
+flags.DEFINE_integer(
+    "finetune_rounds", 3, "`finetune`: rounds, each timing every variant in turn.", lower_bound=1
 )
 flags.DEFINE_boolean(
     "finetune_compile", None, "`finetune`: add the torch.compile variant; default: on CUDA only."
@@ -158,14 +172,33 @@ def run_kernels() -> None:
 
 
 def run_finetune() -> None:
-    """`--batch_size` (default 32) rows of `--seq_len` (default 64) tokens a step."""
+    """`--batch_size` (default 32) rows of `--seq_len` (default 64, or 128 on a task's rows)
+    tokens a step."""
     import torch
 
     from maelm_jax.benchmarks import finetune_speed
+    from maelm_jax.glue import classifier
 
-    layers, sep, width = FLAGS.finetune_encoder.partition("x")
-    if not (sep and layers.isdigit() and width.isdigit()):
-        raise app.UsageError(f"--finetune_encoder={FLAGS.finetune_encoder}: give LAYERSxWIDTH")
+    export_dir, task = FLAGS.finetune_export, FLAGS.finetune_task
+    if task is not None and export_dir is None:
+        raise app.UsageError("--finetune_task needs --finetune_export (its tokenizer)")
+    if export_dir is not None:
+        config = classifier.export_config(export_dir)
+        layers, width = config["num_hidden_layers"], config["hidden_size"]
+    else:
+        layers, sep, width = FLAGS.finetune_encoder.partition("x")
+        if not (sep and layers.isdigit() and width.isdigit()):
+            raise app.UsageError(f"--finetune_encoder={FLAGS.finetune_encoder}: give LAYERSxWIDTH")
+    shape = {
+        "layers": int(layers),
+        "width": int(width),
+        "batch": FLAGS.batch_size or 32,
+        "seq_len": FLAGS.seq_len or (128 if task else 64),
+        "rows": task or "synthetic",
+    }
+    data = None
+    if task is not None:
+        data = finetune_speed.task_rows(export_dir, task, shape["seq_len"], FLAGS.glue_dir, None)
     cuda = torch.cuda.is_available()
     base = {}
 
@@ -174,12 +207,14 @@ def run_finetune() -> None:
             base.setdefault("row", row)
             print(finetune_speed.format_row(name, row, base["row"]), flush=True)
 
-    shape = (int(layers), int(width), FLAGS.batch_size or 32, FLAGS.seq_len or 64)
     if not FLAGS.json:
-        print(f"layers, width, batch, seq_len: {shape}", flush=True)
+        print(", ".join(f"{k}={v}" for k, v in shape.items()), flush=True)
     result = finetune_speed.measure(
-        *shape,
-        timed=FLAGS.finetune_steps or (300 if cuda else 40),
+        shape,
+        export_dir,
+        data,
+        timed=FLAGS.finetune_steps or (100 if cuda else 20),
+        rounds=FLAGS.finetune_rounds,
         compile_=cuda if FLAGS.finetune_compile is None else FLAGS.finetune_compile,
         on_row=show,
     )
@@ -278,4 +313,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main, errors=(step_speed.DoesNotFit,), prog="maelm_jax.bench")
+    cli.run(main, errors=(step_speed.DoesNotFit, GlueDataError), prog="maelm_jax.bench")

@@ -1,5 +1,6 @@
 """`bench speed`: its FLOP rates come from the count training logs, no step recompiles, and a
-config's own (pod-sized) batch that does not fit is one line naming it."""
+config's own (pod-sized) batch that does not fit is one line naming it. `bench finetune`:
+each change to the fine-tuning loop timed and counted."""
 
 import json
 
@@ -133,3 +134,32 @@ def test_bench_starts_without_tensorflow():
     load without it."""
     code = "import sys, maelm_jax.bench; print('tensorflow' in sys.modules)"
     assert printed_by_fresh_python(code) == ["False"]
+
+
+def test_bench_finetune_times_each_change_and_counts_its_calls():
+    """`bench finetune` on a CPU: every eager variant, rates from interleaved rounds, and the
+    count the fused update cuts (AdamW's ~10 calls a tensor become a few for all)."""
+    result = run_command(
+        ["maelm_jax.bench", "finetune", "--finetune_encoder=1x64", "--batch_size=4",
+         "--seq_len=16", "--finetune_steps=2", "--finetune_rounds=2", "--json"],
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    rows = found["variants"]
+    assert list(rows) == [
+        "today", "no host syncs", "+ fused AdamW", "+ last layer at <s> only",
+        "+ host dropout masks",
+    ]  # fmt: skip
+    for name, row in rows.items():
+        assert "error" not in row, (name, row)
+        assert 0 < row["steps_per_s_low"] <= row["steps_per_s"] <= row["steps_per_s_high"]
+    fused, plain = rows["+ fused AdamW"], rows["no host syncs"]
+    assert fused["aten_calls_per_step"] < 0.6 * plain["aten_calls_per_step"]
+    assert found["shape"]["rows"] == "synthetic" and found["shape"]["device"] == "cpu"
+
+
+def test_bench_finetune_on_a_task_needs_the_export_that_tokenizes_it():
+    result = run_command(["maelm_jax.bench", "finetune", "--finetune_task=sst2"])
+    needs = "--finetune_task needs --finetune_export"
+    assert_one_line_error(result, 2, needs, prog="maelm_jax.bench")

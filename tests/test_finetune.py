@@ -20,7 +20,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification
 
 from maelm_jax.benchmarks import finetune_speed
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue import classifier, search, tasks, training
+from maelm_jax.glue import classifier, model_slot, search, tasks, training
 from maelm_jax.glue.readers import Example
 from maelm_jax.glue.recipe import Recipe
 from maelm_jax.hf import export
@@ -180,17 +180,19 @@ def test_regression_task_gets_a_one_output_head_and_correlations(exports, tmp_pa
     assert row["median"] > 50, row
 
 
+@pytest.mark.parametrize("buckets", [False, True], ids=["eager_widths", "bucketed"])
 @pytest.mark.parametrize("kind", ["mlm", "mae_lm"])
-def test_the_loop_computes_the_losses_of_the_loop_before_it(exports, kind):
-    """With dropout 0 the first 100 losses of `train_steps` (split on the device, widths in
-    buckets, fused AdamW, the last layer at `<s>` alone, the bias table a buffer) are those
-    of the loop before them (`finetune_speed.reference_steps`) to float32 rounding."""
+def test_the_loop_computes_the_losses_of_the_loop_before_it(exports, kind, buckets):
+    """With dropout 0 the first 100 losses of `train_steps` (split on the device, widths
+    each batch's longest or in buckets, fused AdamW, the last layer at `<s>` alone, the bias
+    table a buffer) are those of the loop before them (`finetune_speed.reference_steps`) to
+    float32 rounding."""
     export_dir = exports[kind]
     tok = classifier.tokenizer(export_dir)
     texts, labels = sentences(512, 0)
     examples = [Example(t, None, y) for t, y in zip(texts, labels, strict=True)]
     data = training.encode(tok, examples, 32)
-    assert len({len(r) for r in data.ids}) > 2  # ragged: the widths are bucketed
+    assert len({len(r) for r in data.ids}) > 2  # ragged: the widths vary
     spec = dataclasses.replace(RECIPE, max_steps=100).runs("sst2", "pretrained", 32)[0]
     task, cpu, subset = tasks.TASKS["sst2"], torch.device("cpu"), np.arange(len(data))
 
@@ -201,7 +203,7 @@ def test_the_loop_computes_the_losses_of_the_loop_before_it(exports, kind):
         model, task, data, spec, tok.pad_token_id, cpu, subset, np.random.default_rng(spec.seed)
     )
     torch.manual_seed(spec.seed)
-    slot = training.ModelSlot(cpu)
+    slot = model_slot.ModelSlot(cpu, model_slot.LoopOptions(width_buckets=buckets))
     slot.load(classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0))
     on_device = training.to_device(data, tok.pad_token_id, cpu, regression=False)
     new = training.train_steps(

@@ -6,13 +6,15 @@
 # backend in the process. Every step must exit 0; the script exits with the number that
 # did not. Run it on a CPU first: ACCEL=cpu bash launch/gpu/paths.sh OUTDIR GLUE_DIR.
 #
-# Usage: [ACCEL=cuda] [PARTS=readme,export,analysis,finetune,study,accel_only[,bench]]
+# Usage: [ACCEL=cuda] [PARTS=readme,export,analysis,finetune,study,accel_only[,bench,preset]]
 #        [BENCH_ARGS="--finetune_encoder=6x512 ..."] [WORK=DIR]
 #        bash launch/gpu/paths.sh OUTDIR GLUE_DIR
 #   OUTDIR gets log.txt and summary.txt; the runs' folders go to WORK (default OUTDIR/work).
 #   LIMIT_SCALE multiplies every step's time limit (the limits are an H200's; a 2-core CPU
 #   rehearsal needs about 5).
 #   bench (not in the default parts): `bench finetune`, the fine-tuning loop's variants.
+#   preset (not in the default parts): `study --preset=gpu` whole (MLM, MAE-LM, random init,
+#   3 seeds, four tasks), limited to the 9 minutes issue #63 gives it.
 #   GLUE_DIR  GLUE's download (SST-2/, RTE/ with train.tsv and dev.tsv); no network needed.
 # About 6 minutes on an H200 (budgeted: each step's limit below). Needs python3 with the
 # project's packages (docs/performance.md, "GPUs", says which wheels an image lacks).
@@ -102,6 +104,11 @@ if wanted accel_only; then
     --config=configs/default.py --workdir="$w/accel_only" --config.num_train_steps=20 "${data[@]}"
   step "export ($accel only)" 90 env JAX_PLATFORMS="$accel" python3 -m maelm_jax.export \
     --workdir="$w/accel_only" --output_dir="$w/accel_only_export"
+fi
+if wanted preset; then
+  step gpu_preset 540 python3 -m maelm_jax.study --preset=gpu --study_dir="$w/preset" \
+    --glue_dir="$glue"
+  [[ -f $w/preset/study.md ]] && cat "$w/preset/study.md"
 fi
 if wanted bench; then
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags

@@ -2,10 +2,13 @@
 
 `python -m maelm_jax.bench finetune` builds a random-init relative-bias export (the study's
 encoder, `--finetune_encoder=LAYERSxWIDTH`) in a temp folder, so nothing is downloaded, and
-trains its classifier on synthetic rows of one width. Per variant: steps/s, ms a step, ATen
-calls a step (top-level `aten::` events of the profiler: stable on a CPU), and on CUDA the
-kernel launches and blocking syncs a step (`torch.cuda.set_sync_debug_mode`'s warnings, and
-the profiler's synchronize and synchronous-copy calls).
+trains its classifier on synthetic rows of one width; or, with `--finetune_export` and
+`--finetune_task`, an export of yours on that GLUE task's train rows, ragged as fine-tuning
+sees them (`finetune --quick`'s shape: `--batch_size=16 --seq_len=128`). Per variant:
+steps/s, ms a step, ATen calls a step (top-level `aten::` events of the profiler: stable on
+a CPU), and on CUDA the kernel launches and blocking syncs a step
+(`torch.cuda.set_sync_debug_mode`'s warnings, and the profiler's synchronize and
+synchronous-copy calls).
 
 `reference_steps` and `use_reference_encoder` are the loop and the bias code as they were
 (glue/training.py and hf/modeling.py before the change), kept to time them and to check that
@@ -23,15 +26,24 @@ import warnings
 import numpy as np
 
 from maelm_jax.glue import training
-from maelm_jax.glue.training import Encoded, LoopOptions, RunSpec
+from maelm_jax.glue.model_slot import LoopOptions, ModelSlot
+from maelm_jax.glue.training import Encoded, RunSpec
 
 CHECK_EVERY = 25  # the new loop reads its loss once per this many steps: a profile window
-VARIANTS = (  # cumulative; "today" is reference_steps
+HOST_DROPOUT = "+ host dropout masks"  # CPU only
+CUDA_GRAPHS = "+ CUDA graphs"  # CUDA only
+_PLAIN = {"fused_adamw": False, "first_token": False, "host_dropout": False}
+VARIANTS = (  # cumulative; "today" is reference_steps; eager widths are each batch's longest
     ("today", None),
-    ("no host syncs", LoopOptions(fused_adamw=False, first_token=False, check_every=CHECK_EVERY)),
-    ("+ fused AdamW", LoopOptions(first_token=False, check_every=CHECK_EVERY)),
-    ("+ last layer at <s> only", LoopOptions(check_every=CHECK_EVERY)),
-    ("+ torch.compile", LoopOptions(compile=True, check_every=CHECK_EVERY)),
+    ("no host syncs", LoopOptions(**_PLAIN, check_every=CHECK_EVERY)),
+    ("+ fused AdamW", LoopOptions(**{**_PLAIN, "fused_adamw": True}, check_every=CHECK_EVERY)),
+    ("+ last layer at <s> only", LoopOptions(host_dropout=False, check_every=CHECK_EVERY)),
+    (HOST_DROPOUT, LoopOptions(check_every=CHECK_EVERY)),
+    ("+ torch.compile", LoopOptions(compile=True, check_every=CHECK_EVERY)),  # width buckets
+    (
+        CUDA_GRAPHS,
+        LoopOptions(compile=True, compile_mode="reduce-overhead", check_every=CHECK_EVERY),
+    ),
 )
 _LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
 _SYNCS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
@@ -174,82 +186,123 @@ def _sync_warnings(steps, window: int) -> float:
     return sum("synchroniz" in str(w.message) for w in caught) / window
 
 
-def _variant(export_dir, options, data, spec, device, warm: int, timed: int) -> dict:
+def _variant(export_dir, options, data, spec, device):
+    """The variant's step generator (its model built and seeded first), and its slot."""
     import torch
 
     from maelm_jax.glue import classifier, tasks
 
     task = tasks.TASKS["sst2"]
-    cuda = device.type == "cuda"
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     subset = np.arange(len(data))
     model = classifier.classifier(export_dir, 2, "pretrained", spec.dropout, spec.dropout)
-    row: dict = {}
     if options is None:
         use_reference_encoder(model)
         model = model.to(device)
-        steps = reference_steps(model, task, data, spec, 1, device, subset, rng)
-    else:
-        slot = training.ModelSlot(device, options)
-        slot.load(model)
-        on_device = training.to_device(data, 1, device, regression=False)
-        steps = training.train_steps(slot, task, on_device, spec, subset, rng)
+        return reference_steps(model, task, data, spec, 1, device, subset, rng), None
+    slot = ModelSlot(device, options)
+    slot.load(model)
+    on_device = training.to_device(data, 1, device, regression=False)
+    return training.train_steps(slot, task, on_device, spec, subset, rng), slot
+
+
+def _timed(steps, count: int, cuda: bool) -> float:
+    import torch
+
     start = time.perf_counter()
-    for _ in range(warm):
+    for _ in range(count):
         next(steps)
     if cuda:
         torch.cuda.synchronize()
-    row["warmup_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in range(timed):
-        next(steps)
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    row.update(steps_per_s=timed / seconds, ms_per_step=1000 * seconds / timed)
-    row.update(_profile_counts(steps, CHECK_EVERY, cuda))
-    if cuda:
-        row["blocking_syncs_per_step"] = _sync_warnings(steps, CHECK_EVERY)
-    if options is not None and options.compile:
-        row["compiled"] = slot.compile_error is None
-        row["compile_error"] = slot.compile_error
-    return row
+    return time.perf_counter() - start
 
 
-def measure(layers, width, batch, seq_len, timed, compile_, on_row=lambda name, row: None):
-    """{"shape": ..., "variants": {name: row}}, each row also handed to `on_row` when done;
-    `compile_` adds the torch.compile variant."""
+def _summary(seconds: list[float], timed: int) -> dict:
+    rates = sorted(timed / s for s in seconds)
+    median = float(np.median(rates))
+    return {"steps_per_s": median, "ms_per_step": 1000 / median,
+            "steps_per_s_low": rates[0], "steps_per_s_high": rates[-1]}  # fmt: skip
+
+
+def measure(
+    shape: dict,
+    export_dir: str | None,
+    data: Encoded | None,
+    timed: int,
+    rounds: int,
+    compile_: bool,
+    on_row=lambda name, row: None,
+):
+    """{"shape": ..., "variants": {name: row}}, each row also handed to `on_row` when done.
+    `shape`: layers, width (a random-init export built when `export_dir` is None), batch,
+    seq_len (synthetic rows of that width when `data` is None). Each variant is warmed, then
+    timed for `timed` steps in each of `rounds` rounds that take the variants in turn (a
+    noisy machine slows them alike); a row holds the median round's rate, the slowest and
+    the fastest. `compile_` adds the torch.compile variant."""
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    warm = 10 if device.type == "cuda" else 3
-    total = warm + timed + 2 * CHECK_EVERY
+    cuda = device.type == "cuda"
+    warm = 10 if cuda else 3
     spec = RunSpec(
-        task="sst2", init="pretrained", learning_rate=1e-4, batch_size=batch, seed=1,
-        epochs=1e6, max_steps=total, warmup_ratio=0.06, weight_decay=0.1, dropout=0.1,
-        attention_dropout=0.1, max_seq_length=seq_len, max_train_examples=0,
+        task="sst2", init="pretrained", learning_rate=1e-4, batch_size=shape["batch"], seed=1,
+        epochs=1e6, max_steps=warm + rounds * timed + 2 * CHECK_EVERY, warmup_ratio=0.06,
+        weight_decay=0.1, dropout=0.1, attention_dropout=0.1, max_seq_length=shape["seq_len"],
+        max_train_examples=0,
     )  # fmt: skip
-    result = {
-        "shape": {"layers": layers, "width": width, "batch": batch, "seq_len": seq_len,
-                  "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                  "threads": torch.get_num_threads(), "torch": torch.__version__},
-        "variants": {},
-    }  # fmt: skip
+    shape = {**shape, "device": torch.cuda.get_device_name() if cuda else "cpu",
+             "threads": torch.get_num_threads(), "torch": torch.__version__}  # fmt: skip
+    result = {"shape": shape, "variants": {}}
+    chosen = [
+        (name, options)
+        for name, options in VARIANTS
+        if not (options is not None and options.compile and not compile_)
+        and not (cuda and name == HOST_DROPOUT)  # a CPU-only change: the same step on CUDA
+        and not (not cuda and name == CUDA_GRAPHS)
+    ]
     with tempfile.TemporaryDirectory(prefix="maelm_finetune_bench_") as root:
-        export_dir = make_export(root, layers, width)
-        with open(os.path.join(export_dir, "config.json")) as f:
-            data = _rows(64 * batch, seq_len, json.load(f)["vocab_size"])
-        for name, options in VARIANTS:
-            if options is not None and options.compile and not compile_:
-                continue
+        if export_dir is None:
+            export_dir = make_export(root, shape["layers"], shape["width"])
+        if data is None:
+            with open(os.path.join(export_dir, "config.json")) as f:
+                vocab = json.load(f)["vocab_size"]
+            data = _rows(64 * shape["batch"], shape["seq_len"], vocab)
+        live, rows, seconds = {}, {}, {}
+        for name, options in chosen:
             try:
-                row = _variant(export_dir, options, data, spec, device, warm, timed)
+                steps, slot = _variant(export_dir, options, data, spec, device)
+                rows[name] = {"warmup_s": _timed(steps, warm, cuda)}
+                live[name], seconds[name] = (steps, slot), []
             except Exception as e:  # one failed variant must not cost the others' numbers
-                row = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-            result["variants"][name] = row
-            on_row(name, row)
+                rows[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+        for _ in range(rounds):
+            for name, (steps, _) in live.items():
+                seconds[name].append(_timed(steps, timed, cuda))
+        for name, options in chosen:
+            if name in live:
+                steps, slot = live.pop(name)
+                rows[name].update(_summary(seconds[name], timed))
+                rows[name].update(_profile_counts(steps, CHECK_EVERY, cuda))
+                if cuda:
+                    rows[name]["blocking_syncs_per_step"] = _sync_warnings(steps, CHECK_EVERY)
+                if options is not None and options.compile:
+                    rows[name]["compiled"] = slot.compile_error is None
+                    rows[name]["compile_error"] = slot.compile_error
+                del steps, slot
+            result["variants"][name] = rows[name]
+            on_row(name, rows[name])
     return result
+
+
+def task_rows(export_dir: str, task_name: str, seq_len: int, glue_dir, tfds_data_dir) -> Encoded:
+    """A GLUE task's train split as the export's tokenizer cuts it (ragged, as fine-tuning
+    sees it)."""
+    from maelm_jax.glue import classifier, readers, tasks
+
+    task = tasks.resolve(task_name)[0]
+    examples = readers.read(task, "train", glue_dir, tfds_data_dir)
+    return training.encode(classifier.tokenizer(export_dir), examples, seq_len)
 
 
 def format_row(name: str, row: dict, base: dict | None) -> str:
@@ -257,8 +310,10 @@ def format_row(name: str, row: dict, base: dict | None) -> str:
         return f"{name:<26} failed: {row['error']}"
     speedup = row["steps_per_s"] / base["steps_per_s"] if base and "steps_per_s" in base else 1
     text = (
-        f"{name:<26} {row['steps_per_s']:8.2f} steps/s {row['ms_per_step']:8.2f} ms  "
-        f"x{speedup:5.2f}  {row['aten_calls_per_step']:7.0f} ATen calls/step"
+        f"{name:<26} {row['steps_per_s']:8.2f} steps/s "
+        f"({row['steps_per_s_low']:.2f}-{row['steps_per_s_high']:.2f}) "
+        f"{row['ms_per_step']:8.2f} ms  x{speedup:5.2f}  "
+        f"{row['aten_calls_per_step']:7.0f} ATen calls/step"
     )
     if "kernel_launches_per_step" in row:
         text += (
@@ -273,4 +328,4 @@ def format_row(name: str, row: dict, base: dict | None) -> str:
 
 def header(shape: dict) -> str:
     fields = ", ".join(f"{k}={v}" for k, v in shape.items())
-    return f"fine-tuning step, random-init relative-bias classifier: {fields}"
+    return f"fine-tuning step (steps/s: median round, slowest-fastest): {fields}"

@@ -22,12 +22,11 @@ from absl import logging
 
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import classifier, metrics, readers, tasks
+from maelm_jax.glue.model_slot import LoopOptions, ModelSlot
 from maelm_jax.glue.recipe import Recipe
 from maelm_jax.glue.training import (
     DeviceSplit,
     Encoded,
-    LoopOptions,
-    ModelSlot,
     RunResult,
     RunSpec,
     encode,
@@ -221,7 +220,7 @@ def run_search(
     options: LoopOptions | None = None,
 ) -> dict:
     """Runs (or picks up) every run and returns what results.json holds. The runs of a task
-    share its split, uploaded once, and one model on the device (`training.ModelSlot`)."""
+    share its split, uploaded once, and one model on the device (`model_slot.ModelSlot`)."""
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from maelm_jax.glue import metrics
+from maelm_jax.glue.model_slot import ModelSlot
 from maelm_jax.glue.readers import Example
 from maelm_jax.glue.tasks import Task
 
@@ -128,18 +129,6 @@ def _batch_order(lengths: np.ndarray, batch_size: int, steps: int, rng: np.rando
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopOptions:
-    """How the steps run. None changes what a run computes beyond float rounding
-    (tests/test_finetune.py holds the losses to the loop before them;
-    `python -m maelm_jax.bench finetune` times each)."""
-
-    fused_adamw: bool = True  # the update as one kernel (CUDA and CPU), not ~10 per tensor
-    first_token: bool = True  # the last layer at `<s>` alone (`classifier.read_first_token_only`)
-    compile: bool = False  # torch.compile the model: pays on a GPU; eager if it fails
-    check_every: int = 25  # steps between reads of the loss (each read waits for the device)
-
-
-@dataclasses.dataclass(frozen=True)
 class DeviceSplit:
     """A train split on the device, padded once: ids [n, longest row], labels [n]. The row
     lengths stay on the host, where each batch's width is chosen without reading the device."""
@@ -211,51 +200,11 @@ def _loss(model, ids, mask, target, regression: bool, device):
 
     with _autocast(device):
         logits = model(input_ids=ids, attention_mask=mask).logits
-    logits = logits.float()
+    if logits.dtype != torch.float32:  # autocast's bf16 logits; a no-op call costs a dispatch
+        logits = logits.float()
     if regression:
         return torch.nn.functional.mse_loss(logits[:, 0], target)
     return torch.nn.functional.cross_entropy(logits, target)
-
-
-class ModelSlot:
-    """The model on the device, reused by the runs of a search: each run's freshly built
-    model (built on the host after seeding, so its head is the seed's as before) is copied
-    into it, so device memory, and torch.compile's programs, are made once, not per run."""
-
-    def __init__(self, device, options: LoopOptions | None = None):
-        self.device, self.options = device, options or LoopOptions()
-        self.model = self.step_model = None
-        self.compile_error: str | None = None
-
-    def load(self, fresh):
-        """(the model, what a train step calls: the model or its compiled self)."""
-        from maelm_jax.glue import classifier
-
-        if (
-            self.model is not None
-            and type(fresh) is type(self.model)
-            and fresh.config.to_dict() == self.model.config.to_dict()
-        ):
-            self.model.load_state_dict(fresh.state_dict())  # in place: compiled code stays
-            return self.model, self.step_model
-        self.model = fresh.to(self.device)
-        if self.options.first_token:
-            classifier.read_first_token_only(self.model)
-        elif getattr(type(self.model), "first_token_only", None) is not None:
-            self.model.first_token_only = False
-        self.step_model = self.model
-        if self.options.compile and self.compile_error is None:
-            import torch
-
-            self.step_model = torch.compile(self.model)
-        return self.model, self.step_model
-
-    def fall_back(self, error: Exception) -> None:
-        from absl import logging
-
-        self.compile_error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-        logging.warning("torch.compile failed, training eagerly: %s", self.compile_error)
-        self.step_model = self.model
 
 
 def train_steps(
@@ -283,12 +232,13 @@ def train_steps(
     bounds = np.cumsum([0] + [len(rows) for rows in order])
     index = _upload(np.concatenate(order), device)
     limit = data.ids.shape[1]
-    losses = torch.empty(steps, device=device)
+    pending: list = []  # the losses since the last read, on the device
     read: list[float] = []
     model.train()
     for step, rows in enumerate(order):
         idx = index[bounds[step] : bounds[step + 1]]
-        width = bucket_width(int(data.lengths[rows].max()), limit)
+        width = int(data.lengths[rows].max())
+        width = bucket_width(width, limit) if slot.buckets else width
         ids = data.ids[:, :width].index_select(0, idx)
         target = data.labels.index_select(0, idx)
         for attempt in (0, 1):
@@ -304,9 +254,9 @@ def train_steps(
                 slot.fall_back(e)
         opt.step()
         schedule.step()
-        losses[step] = loss.detach()
+        pending.append(loss.detach())
         if (step + 1) % options.check_every == 0 or step + 1 == steps:
-            chunk = losses[len(read) : step + 1].tolist()
+            chunk, pending = torch.stack(pending).tolist(), []
             for i, value in enumerate(chunk):
                 if not math.isfinite(value):
                     raise FloatingPointError(

@@ -121,14 +121,16 @@ class MaelmEncoder(nn.Module):
 
         Under autocast the bias is cast to the compute dtype once here; in float32 each
         layer's attention would cast it again."""
-        offsets = positions[:, None, :] - positions[:, :, None] + self.max_positions - 1
+        # One ATen call per operation: a fine-tuning step on a CPU pays for each dispatch.
+        offsets = positions.unsqueeze(1) - positions.unsqueeze(2) + (self.max_positions - 1)
         offsets = offsets.clamp(0, self.bucket_table.numel() - 1)  # out of range only at padding
         bias = self.relative_attention_bias(self.bucket_table[offsets]).permute(0, 3, 1, 2)
         dtype = hidden_states.dtype
         if torch.is_autocast_enabled(hidden_states.device.type):
             dtype = torch.get_autocast_dtype(hidden_states.device.type)
         blocked = torch.finfo(dtype).min
-        scores_bias = bias.to(dtype).masked_fill(~key_mask[:, None, None, :], blocked)
+        padding = key_mask.logical_not().view(key_mask.shape[0], 1, 1, key_mask.shape[1])
+        scores_bias = bias.to(dtype).masked_fill(padding, blocked)
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             if first_token_only and i == last:
@@ -166,13 +168,14 @@ class MaelmModel(MaelmPreTrainedModel):
             attention_mask = input_ids != pad
         key_mask = attention_mask.bool()
         # RoBERTa's positions: padding_idx + 1 + index among the non-padding tokens.
-        position_ids = torch.cumsum(key_mask.long(), dim=1) * key_mask.long() + pad
+        ones = key_mask.long()
+        position_ids = torch.cumsum(ones, dim=1) * ones + pad
         hidden = self.embeddings(
             input_ids=input_ids,
             position_ids=position_ids,
             token_type_ids=torch.zeros_like(input_ids),
         )
-        hidden = self.encoder(hidden, position_ids - pad - 1, key_mask, first_token_only)
+        hidden = self.encoder(hidden, position_ids - (pad + 1), key_mask, first_token_only)
         if not return_dict:
             return (hidden,)
         return BaseModelOutput(last_hidden_state=hidden)
