@@ -296,3 +296,31 @@ def test_bad_input_is_one_line_and_leaves_nothing_to_trust(exports, case, expect
     assert last.startswith("maelm_jax.finetune: error:") and expect in last, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert not out.exists() or not {"spec.json", "results.json"} & set(os.listdir(out))
+
+
+def test_a_compiled_model_trains_as_the_eager_one(exports):
+    """`finetune --compile=default`: the model really compiles (no eager fallback), widths go
+    to buckets, and with dropout 0 its losses are the eager model's to float rounding."""
+    export_dir = exports["mae_lm"]
+    tok = classifier.tokenizer(export_dir)
+    texts, labels = sentences(256, 0)
+    examples = [Example(t, None, y) for t, y in zip(texts, labels, strict=True)]
+    data = training.encode(tok, examples, 32)
+    spec = dataclasses.replace(RECIPE, max_steps=30).runs("sst2", "pretrained", 32)[0]
+    task, cpu, subset = tasks.TASKS["sst2"], torch.device("cpu"), np.arange(len(data))
+    losses, slots = {}, {}
+    for name, options in (
+        ("eager", model_slot.LoopOptions(width_buckets=True)),
+        ("compiled", model_slot.LoopOptions(compile=True)),
+    ):
+        torch.manual_seed(spec.seed)
+        slots[name] = slot = model_slot.ModelSlot(cpu, options)
+        slot.load(classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0))
+        on_device = training.to_device(data, tok.pad_token_id, cpu, regression=False)
+        steps = training.train_steps(
+            slot, task, on_device, spec, subset, np.random.default_rng(spec.seed)
+        )
+        losses[name] = training._drain(steps)
+    assert slots["compiled"].compile_error is None
+    assert slots["compiled"].step_model is not slots["compiled"].model and slots["compiled"].buckets
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-3, atol=1e-4)

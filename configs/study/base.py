@@ -12,8 +12,8 @@ MLM at eval loss 4.70 and every row, random init included, at chance. Half the w
 2.5 times the tokens per second: 3.5 times the text for 1.3 to 1.5 times the pretraining
 time, and MLM ends at 3.92 (unigram 5.55); fine-tuning runs twice as fast. With 100
 fine-tuning steps at lr 1e-3 (study.py's defaults) the four objectives and the random-init
-row take 59 minutes on this 2-core CPU, the issue's budget being 75 (docs/results.md, "The
-study at 4 x 128").
+row took 59 minutes on this 2-core CPU, the issue's budget being 75, and 39 after issue #63's
+fine-tuning loop (docs/results.md, "The study at 4 x 128 after issue #63's loop").
 `python -m maelm_jax.study` reads the four files beside this one.
 """
 

@@ -21,7 +21,7 @@ class LoopOptions:
     compile: bool = False  # torch.compile the model: pays on a GPU; eager if it fails
     compile_mode: str = "default"  # torch.compile's mode: "reduce-overhead" adds CUDA graphs
     check_every: int = 25  # steps between reads of the loss (each read waits for the device)
-    host_dropout: bool = True  # on a CPU, masks 4 to a random word (glue/host_dropout.py)
+    host_dropout: bool = True  # eager on a CPU: masks 4 to a random word (glue/host_dropout.py)
     # Widths rounded up to `bucket_width`'s few values, for compiled programs and graphs;
     # None: when compiled. Eager code runs each batch at its longest row, the least work.
     width_buckets: bool | None = None
@@ -50,14 +50,16 @@ class ModelSlot:
             host_dropout.clear_pools(self.model)
             return self.model, self.step_model
         self.model = fresh.to(self.device)
-        if self.options.host_dropout and self.device.type == "cpu":
+        compiled = self.options.compile and self.compile_error is None
+        if self.options.host_dropout and self.device.type == "cpu" and not compiled:
+            # (a compiled model draws its masks inside its own kernels)
             host_dropout.use_host_dropout(self.model)
         if self.options.first_token:
             classifier.read_first_token_only(self.model)
         elif getattr(type(self.model), "first_token_only", None) is not None:
             self.model.first_token_only = False
         self.step_model = self.model
-        if self.options.compile and self.compile_error is None:
+        if compiled:
             import torch
 
             self.step_model = torch.compile(self.model, mode=self.options.compile_mode)

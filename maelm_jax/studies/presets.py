@@ -1,6 +1,6 @@
 """`--preset`: the study's flags at one scale, as defaults for the flags a user did not give.
 
-`cpu` (the default) is the scale a 2-core CPU runs in about an hour (configs/study/*.py).
+`cpu` (the default) is the scale a 2-core CPU runs in about 40 minutes (configs/study/*.py).
 `gpu` is the scale measured on one H200 on 2026-11-28 (configs/study/gpu_scale/*.py), with
 a fine-tuning budget that lets one run of MLM, MAE-LM and random init, three seeds each,
 finish in 9 minutes: a GPU is often at hand for 15, on a fresh machine each time. 3ML-self
