@@ -159,7 +159,11 @@ def test_bench_finetune_times_each_change_and_counts_its_calls():
     assert found["shape"]["rows"] == "synthetic" and found["shape"]["device"] == "cpu"
 
 
-def test_bench_finetune_on_a_task_needs_the_export_that_tokenizes_it():
+def test_bench_finetune_on_a_task_needs_the_export_that_tokenizes_it(tmp_path):
     result = run_command(["maelm_jax.bench", "finetune", "--finetune_task=sst2"])
     needs = "--finetune_task needs --finetune_export"
     assert_one_line_error(result, 2, needs, prog="maelm_jax.bench")
+    result = run_command(["maelm_jax.bench", "finetune", f"--finetune_export={tmp_path}"])
+    assert_one_line_error(
+        result, 1, f"--finetune_export={tmp_path}: not a HuggingFace export", prog="maelm_jax.bench"
+    )
