@@ -80,6 +80,8 @@ def test_a_classifier_keeps_its_parameters_and_its_attention_dropout(export_dir)
     assert not any(type(m) is nn.Dropout for m in model.modules())
     rates = {m.p for m in model.modules() if isinstance(m, host_dropout.HostDropout)}
     assert rates == {0.1, 0.2}  # attention's module only carries its rate to SDPA
+    edges = nn.Sequential(nn.Dropout(0.0), nn.Dropout(1.0))  # 1.0 would divide by zero
+    assert host_dropout.use_host_dropout(edges) == 0
 
 
 def test_a_run_depends_on_its_seed_alone_in_a_reused_slot(export_dir):

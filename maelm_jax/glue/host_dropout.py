@@ -78,15 +78,18 @@ class HostDropout(nn.Dropout):
 
 def use_host_dropout(model: nn.Module, block: int = BLOCK) -> int:
     """Replaces every plain `nn.Dropout` in `model` by a `HostDropout`, one pool per rate;
-    returns how many it replaced."""
+    returns how many it replaced. Rates that round to 0 or 1 in 1/65536 keep PyTorch's."""
     pools: dict[float, MaskPool] = {}
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Dropout and not child.inplace:
-                pool = pools.setdefault(child.p, MaskPool(child.p, block))
-                setattr(parent, name, HostDropout(child.p, pool))
-                replaced += 1
+            if type(child) is not nn.Dropout or child.inplace:
+                continue
+            if not 0 < round(child.p * _QUARTERS) < _QUARTERS:
+                continue  # PyTorch's module is exact (and no slower) at these rates
+            pool = pools.setdefault(child.p, MaskPool(child.p, block))
+            setattr(parent, name, HostDropout(child.p, pool))
+            replaced += 1
     return replaced
 
 
