@@ -38,7 +38,7 @@ from absl import app, flags
 
 from maelm_jax.checkpoints import save_speed
 from maelm_jax.config import cli, configdict
-from maelm_jax.config.run_config import ConfigError, RunConfig
+from maelm_jax.config.run_config import RunConfig
 from maelm_jax.data import input_speed, preparation, prepared
 from maelm_jax.data.tokenizer import Tokenizer
 from maelm_jax.glue.readers import GlueDataError
@@ -183,10 +183,7 @@ def run_finetune() -> None:
     if task is not None and export_dir is None:
         raise app.UsageError("--finetune_task needs --finetune_export (its tokenizer)")
     if export_dir is not None:
-        try:
-            config = classifier.export_config(export_dir)
-        except ConfigError as e:  # it names --export, finetune's flag
-            raise ConfigError(str(e).replace("--export=", "--finetune_export=", 1)) from None
+        config = classifier.export_config(export_dir, flag="--finetune_export")
         layers, width = config["num_hidden_layers"], config["hidden_size"]
     else:
         layers, sep, width = FLAGS.finetune_encoder.partition("x")

@@ -25,8 +25,9 @@ _ATTENTION_DROPOUT_KEYS = {
 }
 
 
-def export_config(export_dir: str) -> dict:
-    """config.json of an export; ConfigError naming the folder if it is not one."""
+def export_config(export_dir: str, flag: str = "--export") -> dict:
+    """config.json of an export; ConfigError naming the folder (as `flag` gave it) if it is
+    not one."""
     path = os.path.join(export_dir, "config.json")
     weights = [
         n
@@ -35,14 +36,14 @@ def export_config(export_dir: str) -> dict:
     ]
     if not os.path.isdir(export_dir) or not os.path.isfile(path) or not weights:
         raise ConfigError(
-            f"--export={export_dir}: not a HuggingFace export (needs config.json and "
+            f"{flag}={export_dir}: not a HuggingFace export (needs config.json and "
             "model.safetensors, as `python -m maelm_jax.export` writes them)"
         )
     try:
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--export={export_dir}: config.json unreadable ({e})") from None
+        raise ConfigError(f"{flag}={export_dir}: config.json unreadable ({e})") from None
 
 
 def needs_remote_code(export_dir: str) -> bool:
