@@ -25,6 +25,12 @@ def define_flags() -> None:
         "num_tokens", 8192, "Real tokens measured per condition (bounds the work)."
     )
     flags.DEFINE_string("text_file", None, "Held-out text instead of the run's eval split.")
+    flags.DEFINE_string(
+        "dataset",
+        None,
+        "The eval split of this dataset instead of the one stored with the checkpoint (the "
+        "same corpus at another path).",
+    )
     flags.DEFINE_bool("json", False, "Print rank.json's content instead of the table.")
 
 
@@ -42,7 +48,14 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     jax.config.update("jax_platforms", "cpu")
     try:
-        result = run(FLAGS.workdir, FLAGS.output_dir, FLAGS.step, FLAGS.num_tokens, FLAGS.text_file)
+        result = run(
+            FLAGS.workdir,
+            FLAGS.output_dir,
+            FLAGS.step,
+            FLAGS.num_tokens,
+            FLAGS.text_file,
+            FLAGS.dataset,
+        )
     except ConfigError as e:
         sys.exit(f"maelm_jax.analysis: error: {e}")
     print(json.dumps(result) if FLAGS.json else _table(result))

@@ -17,10 +17,10 @@ from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import readers, recipe, tasks
 
 FLAGS = flags.FLAGS
-_RECIPE_FLAGS = {  # flag -> Recipe field; unset flags keep the chosen recipe's value
-    "learning_rates": float,
-    "batch_sizes": int,
-    "seeds": int,
+_RECIPE_FLAGS = {  # flag -> (type, an example); unset flags keep the chosen recipe's value
+    "learning_rates": (float, "1e-5,2e-5,3e-5"),
+    "batch_sizes": (int, "16,32"),
+    "seeds": (int, "1,2,3"),
 }
 
 
@@ -58,13 +58,17 @@ def define_flags() -> None:
 def chosen_recipe() -> recipe.Recipe:
     base = recipe.QUICK if FLAGS.quick else recipe.ROBERTA
     changes = {}
-    for name, kind in _RECIPE_FLAGS.items():
+    for name, (kind, example) in _RECIPE_FLAGS.items():
         values = FLAGS[name].value
         if values is not None:
             try:
                 changes[name] = tuple(kind(v) for v in values)
             except ValueError:
-                raise ConfigError(f"--{name}={','.join(values)}: not {kind.__name__}s") from None
+                what = "integers" if kind is int else "numbers"
+                raise ConfigError(
+                    f"--{name}={','.join(values)}: give {what}, comma-separated "
+                    f"(e.g. --{name}={example})"
+                ) from None
     for name in (
         "epochs", "max_steps", "max_train_examples", "max_seq_length", "warmup_ratio",
         "weight_decay", "dropout", "attention_dropout",

@@ -38,6 +38,12 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
         "(maelm_jax/studies/presets.py).",
         **fv,
     )
+    flags.DEFINE_bool(
+        presets.ALLOW_SLOW_FLAG,
+        False,
+        "Run --preset=gpu even where JAX would run on the CPU alone (more than a day).",
+        **fv,
+    )
     flags.DEFINE_list("configs", cpu["configs"], "Config files, one objective each.", **fv)
     flags.DEFINE_list(
         "overrides", [], "key=value applied to every config (e.g. num_train_steps=800).", **fv
@@ -88,9 +94,23 @@ def _overrides() -> dict:
     for item in FLAGS.overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"--overrides: {item!r} is not key=value")
+            raise ConfigError(
+                f"--overrides: {item!r} is not key=value (e.g. --overrides=num_train_steps=800,"
+                "batch_size=8)"
+            )
         out[key.strip()] = value.strip()
     return out
+
+
+def _numbers(name: str, kind: type, example: str) -> tuple:
+    values = getattr(FLAGS, name)
+    try:
+        return tuple(kind(v) for v in values)
+    except ValueError:
+        what = "integers" if kind is int else "numbers"
+        raise ConfigError(
+            f"--{name}={','.join(values)}: give {what}, comma-separated (e.g. --{name}={example})"
+        ) from None
 
 
 def main(argv):
@@ -100,24 +120,20 @@ def main(argv):
 
     plan.check_study_dir(FLAGS.study_dir)
     presets.apply(FLAGS)
+    presets.check_machine(FLAGS)
     cli.quiet_library_logs()  # Orbax narrates every step at INFO
     from maelm_jax.hardware import platforms
 
     platforms.skip_absent_tpu()
 
-    try:
-        finetune_recipe = recipe.Recipe(
-            learning_rates=tuple(float(v) for v in FLAGS.learning_rates),
-            batch_sizes=tuple(int(v) for v in FLAGS.batch_sizes),
-            seeds=tuple(int(v) for v in FLAGS.seeds),
-            epochs=FLAGS.epochs,
-            max_steps=FLAGS.max_steps,
-            max_seq_length=FLAGS.max_seq_length,
-        )
-    except ValueError as e:
-        raise ConfigError(
-            f"--seeds, --learning_rates and --batch_sizes take numbers ({e})"
-        ) from None
+    finetune_recipe = recipe.Recipe(
+        learning_rates=_numbers("learning_rates", float, "2e-5,3e-5"),
+        batch_sizes=_numbers("batch_sizes", int, "16,32"),
+        seeds=_numbers("seeds", int, "1,2,3"),
+        epochs=FLAGS.epochs,
+        max_steps=FLAGS.max_steps,
+        max_seq_length=FLAGS.max_seq_length,
+    )
     configs = {}
     for path in FLAGS.configs:
         name = os.path.splitext(os.path.basename(path))[0]
@@ -140,9 +156,17 @@ def main(argv):
         FLAGS.cluster_detection,
     )
     from maelm_jax.hardware import multihost
+    from maelm_jax.training import preemption
 
     try:
         _run(study)
+    except (preemption.Preempted, preemption.Interrupted) as e:
+        # Saved, and no later stage started: a status that says so, as `main`'s 130 does
+        # for Ctrl-C, so a supervisor reruns it rather than read a finished study.
+        multihost.leave_together()
+        interrupted = isinstance(e, preemption.Interrupted)
+        status = preemption.EXIT_INTERRUPTED if interrupted else preemption.EXIT_PREEMPTED
+        cli.exit_now(status, str(e), prog="maelm_jax.study")
     except BaseException:
         multihost.leave_together()  # process 0 hosts the job: it leaves last
         raise

@@ -87,6 +87,7 @@ SLOW_TESTS = {
     "test_train.py::test_cli_trains_the_default_config",  # the README's first command
     "test_checkpointing.py::test_kill_9_then_rerun_matches_an_uninterrupted_run_bit_for_bit",
     "test_launch.py::test_preflight_refuses_a_config_that_does_not_fit",  # a TPU compile
+    "test_memory_fit.py::test_only_the_process_whose_device_is_short_says_so_and_every_process_exits",
     "test_accelerator_paths.py::test_a_checkpoint_trained_with_a_platform_kernel_exports_and_is_analysed",
     "test_accelerator_paths.py::test_the_parity_and_the_rank_compute_every_matmul_in_full_float32",
     "test_model.py::test_remat_gives_the_same_gradients",

@@ -6,6 +6,7 @@ detection, usable CPUs, the MFU table's peaks)."""
 
 import dataclasses
 import glob
+import importlib.metadata
 import os
 import pathlib
 import re
@@ -183,35 +184,140 @@ def test_a_checkpoint_trained_with_a_platform_kernel_exports_and_is_analysed(tmp
     assert rank["conditions"]["no_mask"]["entropy"][-1] > 1
 
 
-def test_a_gpu_vms_vfio_is_no_tpu_a_google_pci_device_is(tmp_path, monkeypatch):
+# PCI devices (vendor, device) as sysfs lists them on each machine.
+A3_GPU_VM = (("0x10de", "0x2330"), ("0x1ae0", "0x0042"), ("0x1ae0", "0x001f"))  # H100, gVNIC, NVMe
+V5E_TPU_VM = (("0x1ae0", "0x0063"), ("0x1ae0", "0x0063"), ("0x1ae0", "0x0042"))  # 2 chips, gVNIC
+
+
+def _machine(root: pathlib.Path, pci: tuple, dev_files: tuple = ()) -> tuple[str, str]:
+    """A sysfs PCI folder and a /dev of `root`'s own, as `platforms` reads them."""
+    for i, (vendor, device) in enumerate(pci):
+        folder = root / "pci" / f"0000:00:{i + 4:02x}.0"
+        folder.mkdir(parents=True)
+        (folder / "vendor").write_text(f"{vendor}\n")
+        (folder / "device").write_text(f"{device}\n")
+    (root / "dev").mkdir()
+    for name in dev_files:
+        (root / "dev" / name).touch()
+    return str(root / "pci"), str(root / "dev")
+
+
+@pytest.fixture
+def no_tpu_variables(monkeypatch):
     for name in platforms._TPU_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    for vendor, want in (("0x10de", False), ("0x1ae0", True)):  # NVIDIA's, Google's
-        device = tmp_path / vendor / "0000:00:04.0"
-        device.mkdir(parents=True)
-        (device / "vendor").write_text(f"{vendor}\n")
-        assert platforms.google_pci_device_present(str(tmp_path / vendor)) is want
-    if not glob.glob("/dev/accel*"):
-        assert platforms.tpu_may_be_present(str(tmp_path / "0x10de")) is False
+
+
+@pytest.fixture
+def jax_picks_its_backend():
+    """jax_platforms unset, as on a user's machine (the tests run with JAX_PLATFORMS=cpu);
+    the backends this process already started are not touched."""
+    chosen = jax.config.jax_platforms
+    jax.config.update("jax_platforms", None)
+    yield
+    jax.config.update("jax_platforms", chosen)
+
+
+def test_a_gpu_vms_google_nic_and_disk_are_no_tpu_a_tpu_chip_is(tmp_path, no_tpu_variables):
+    gpu_vm = _machine(tmp_path / "a3", A3_GPU_VM, ("nvidia0", "nvidiactl"))
+    assert not platforms.tpu_pci_device_present(gpu_vm[0])
+    assert not platforms.tpu_may_be_present(*gpu_vm)
+    assert platforms.tpu_may_be_present(*_machine(tmp_path / "v5e", V5E_TPU_VM))
+    v4 = _machine(tmp_path / "v4", (("0x1ae0", "0x0042"),), ("accel0", "accel1"))
+    assert platforms.tpu_may_be_present(*v4)  # /dev/accel*, not VFIO
+    # every TPU the installed JAX knows by its PCI ID is one here too
+    from jax._src import hardware_utils
+
+    assert set(hardware_utils._TPU_PCI_DEVICE_IDS) <= platforms.tpu_pci_device_ids()
+
+
+def test_a_gpu_preset_is_told_whether_jax_would_run_on_the_cpu_alone(
+    tmp_path, no_tpu_variables, jax_picks_its_backend
+):
+    """Told from files and the config, before any backend starts."""
+    bare = _machine(tmp_path / "bare", (("0x8086", "0x1237"), ("0x1ae0", "0x0042")))
+    assert platforms.cpu_only(*bare) == "no GPU or TPU is visible"
+    assert platforms.cpu_only(*_machine(tmp_path / "v5e", V5E_TPU_VM)) is None
+    gpu_vm = _machine(tmp_path / "a3", A3_GPU_VM, ("nvidia0", "nvidiactl"))
+    cuda_plugin = any(
+        (d.metadata["Name"] or "").startswith("jax-cuda")
+        for d in importlib.metadata.distributions()
+    )  # the gpu extra's jax-cuda12-plugin: without it JAX runs on the CPU beside the GPU
+    want = None if cuda_plugin else "an NVIDIA GPU, but no JAX CUDA plugin"
+    assert platforms.cpu_only(*gpu_vm) == want
+    jax.config.update("jax_platforms", "cpu")
+    assert platforms.cpu_only(*_machine(tmp_path / "v5e_cpu", V5E_TPU_VM)) == "JAX_PLATFORMS=cpu"
+
+
+V2_ROOT, V1_ROOT = "0::/\n", "2:cpu,cpuacct:/\n1:name=systemd:/\n0::/\n"
+SLURM_STEP = "0::/system.slice/slurmstepd.scope/job_7/step_0\n"  # SLURM on cgroup v2
 
 
 @pytest.mark.parametrize(
-    "files,want",
+    "proc_cgroup,files,want",
     [
-        ({"cpu.max": "150000 100000"}, 2),  # 1.5 CPUs of quota: 2 threads
-        ({"cpu.max": "max 100000"}, None),
-        ({"cpu/cpu.cfs_quota_us": "400000", "cpu/cpu.cfs_period_us": "100000"}, 4),  # v1
-        ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
-        ({}, None),
+        (V2_ROOT, {"cpu.max": "150000 100000"}, 2),  # 1.5 CPUs of quota: 2 threads
+        (V2_ROOT, {"cpu.max": "50000 100000"}, 1),  # half a CPU is still one thread
+        (V2_ROOT, {"cpu.max": "max 100000"}, None),
+        (V2_ROOT, {}, None),
+        (V1_ROOT, {"cpu/cpu.cfs_quota_us": "400000", "cpu/cpu.cfs_period_us": "100000"}, 4),
+        (V1_ROOT, {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
+        # the job's cgroup sits below the mount: its parent's quota (2) binds, not its own (8)
+        (
+            SLURM_STEP,
+            {
+                "system.slice/slurmstepd.scope/job_7/cpu.max": "200000 100000",
+                "system.slice/slurmstepd.scope/job_7/step_0/cpu.max": "800000 100000",
+            },
+            2,
+        ),
+        # only the leaf has a quota; every parent says "max"
+        (
+            SLURM_STEP,
+            {
+                "system.slice/cpu.max": "max 100000",
+                "system.slice/slurmstepd.scope/job_7/cpu.max": "max 100000",
+                "system.slice/slurmstepd.scope/job_7/step_0/cpu.max": "300000 100000",
+            },
+            3,
+        ),
+        # cgroup v1, a systemd slice's quota under the cpu controller's mount
+        (
+            "3:cpu,cpuacct:/user.slice/session-4.scope\n0::/user.slice/session-4.scope\n",
+            {
+                "cpu/user.slice/cpu.cfs_quota_us": "250000",
+                "cpu/user.slice/cpu.cfs_period_us": "100000",
+            },
+            3,
+        ),
+        # a container without a cgroup namespace sees the host's path, its mount is its own
+        ("0::/docker/4f1c\n", {"cpu.max": "100000 100000"}, 1),
+    ],
+    ids=[
+        "v2-1.5-cpus",
+        "v2-half-a-cpu",
+        "v2-max",
+        "v2-none",
+        "v1-4-cpus",
+        "v1-unlimited",
+        "v2-slurm-parent-binds",
+        "v2-slurm-leaf-only",
+        "v1-systemd-slice",
+        "v2-no-cgroupns",
     ],
 )
-def test_the_cgroup_quota_bounds_the_cpus_a_pool_starts(tmp_path, files, want):
+def test_the_cgroup_quota_bounds_the_cpus_a_pool_starts(tmp_path, proc_cgroup, files, want):
+    mount, proc = tmp_path / "cgroup", tmp_path / "proc_self_cgroup"
+    mount.mkdir()
+    proc.write_text(proc_cgroup)
     for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text + "\n")
-    assert host_cpus.cgroup_quota(str(tmp_path)) == want
-    allowed = len(os.sched_getaffinity(0))
-    assert host_cpus.usable_cpus(str(tmp_path)) == min(allowed, want or allowed)
+        (mount / name).parent.mkdir(parents=True, exist_ok=True)
+        (mount / name).write_text(text + "\n")
+    assert host_cpus.cgroup_quota(str(mount), str(proc)) == want
+    if want == 1:  # a quota of one CPU starts one thread, whatever the affinity allows
+        assert host_cpus.usable_cpus(str(mount), str(proc)) == 1
+    if want is None:  # no quota: the affinity decides
+        assert host_cpus.usable_cpus(str(mount), str(proc)) == len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize(

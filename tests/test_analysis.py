@@ -1,9 +1,13 @@
 """Rank measurements on matrices of known rank, and the analysis command on a tiny MLM."""
 
 import json
+import pathlib
+import shutil
 
 import numpy as np
+import pytest
 
+from maelm_jax.config.run_config import ConfigError
 from maelm_jax.inspection import rank, representation_rank, trained_model
 
 
@@ -79,3 +83,21 @@ def test_scanned_and_unrolled_layers_agree(tiny_checkpoints):
     final = np.asarray(trained.encode_fn()(ids, positions))
     np.testing.assert_allclose(layers[-1], final, atol=1e-5)
     assert np.abs(layers[1] - layers[0]).max() > 1e-3  # distinct layers, not one repeated
+
+
+def test_a_moved_corpus_is_read_where_it_is_now(tiny_checkpoints, tmp_path):
+    """A study folder moved with its checkpoints: the checkpoint names the corpus at its old
+    path, and the rank reads the same eval split from the new one (`--dataset`)."""
+    trained = trained_model.load(tiny_checkpoints["mlm"])
+    stored = trained.config.data.dataset
+    old_dir = pathlib.Path(stored.removeprefix("text:")).parent
+    moved = tmp_path / "moved"
+    shutil.copytree(old_dir, moved)
+    with pytest.raises(ConfigError):  # nowhere: the stored path's text is what is read
+        representation_rank.held_out_blocks(trained, None, 300, f"text:{tmp_path}/gone/*.txt")
+    here = representation_rank.held_out_blocks(trained, None, 300, f"text:{moved}/*.txt")
+    np.testing.assert_array_equal(here, representation_rank.held_out_blocks(trained, None, 300))
+    result = representation_rank.run(
+        tiny_checkpoints["mlm"], tmp_path / "rank", None, 300, None, f"text:{moved}/*.txt"
+    )
+    assert result["text"] == f"text:{moved}/*.txt (eval split)"

@@ -18,18 +18,22 @@ import re
 import shutil
 import signal
 import sys
+import threading
+import time
 
 import jax
 import numpy as np
 import pytest
 import run_helpers as rh
+import tensorstore as ts
 from etils import epath
 from orbax.checkpoint._src.path import async_path  # a real Orbax coroutine
+from orbax.checkpoint._src.serialization import limits, serialization
 from text_corpora import sample_document, write_corpus
 from tiny_configs import tiny_run_config
 
+from maelm_jax.checkpoints import abandoned_reads, manifest, save_errors
 from maelm_jax.checkpoints import integrity as checkpoint_integrity
-from maelm_jax.checkpoints import manifest, save_errors
 from maelm_jax.checkpoints.checkpointing import Checkpointer
 from maelm_jax.checkpoints.params import load_params
 from maelm_jax.checkpoints.save_errors import NonFiniteStateError
@@ -313,6 +317,117 @@ def test_after_a_corrupt_checkpoint_the_rerun_trains_on_from_the_previous_one(
     assert rerun == {s: expected[s] for s in rerun}
     assert len(set_aside(workdir, STEPS)) == 1
     assert rh.good_steps(workdir)[-1] == STEPS
+
+
+def flip_256_bytes(step_dir):
+    """What an outside fault harness did: 256 bytes of array data inverted, sizes kept. Here
+    they are each data file's first 256 (its zstd frame header): in these tiny checkpoints
+    the middle of a data file is never read (measured), and a flip that is read must make
+    the read itself fail, not only give other numbers (`mismatch_integrity_record`)."""
+    for path in (step_dir / "state" / "ocdbt.process_0" / "d").iterdir():
+        data = path.read_bytes()
+        path.write_bytes(bytes(b ^ 0xFF for b in data[:256]) + data[256:])
+
+
+def test_a_recovered_corrupt_checkpoint_says_so_in_one_line_without_a_traceback(
+    corpus, baseline, tmp_path
+):
+    """The CLI, resumed onto a newest checkpoint whose arrays fail to read: it must finish,
+    and print nothing that looks like a crash (no traceback, no "Exception ignored" from the
+    failed restore's abandoned read coroutines), and one line naming the bad step, the
+    reason, where it was moved and the step restored instead."""
+    workdir = copy_workdir(baseline[0], tmp_path / "run")
+    checkpoints = workdir / "checkpoints"
+    flip_256_bytes(checkpoints / str(STEPS))
+    status, output = rh.run(run_config(corpus, num_train_steps=STEPS + 2), workdir)
+    assert status == 0, output[-3000:]
+    assert "Traceback" not in output, output[-6000:]
+    assert "Exception ignored" not in output, output[-6000:]
+    assert "Task was destroyed" not in output, output[-6000:]
+    (moved,) = set_aside(workdir, STEPS)
+    recovery = [line for line in output.splitlines() if f"{checkpoints / str(STEPS)}" in line]
+    assert len(recovery) == 1, "\n".join(recovery)
+    assert re.search(
+        rf"Checkpoint {checkpoints / str(STEPS)} is incomplete or corrupt \(unreadable: .+\): "
+        rf"moved it to {moved} and restored {checkpoints / str(STEPS - EVERY)} instead$",
+        recovery[0],
+    ), recovery[0]
+    assert "TensorStore" not in recovery[0]  # the cause, not Orbax's wrapper with the spec
+    assert sorted(rh.losses(workdir)) == list(range(STEPS - EVERY + 1, STEPS + 3))
+    assert rh.good_steps(workdir)[-1] == STEPS + 2
+
+
+def _hanging_store(released: threading.Event, entered: threading.Event):
+    """A real TensorStore of 4 x 2 float32 whose reads wait for `released`."""
+
+    def read(domain, array, params):
+        del params
+        entered.set()
+        released.wait(60)
+        array[...] = np.ones(domain.shape, np.float32)
+
+    return ts.virtual_chunked(
+        read, dtype=ts.float32, shape=[4, 2], chunk_layout=ts.ChunkLayout(read_chunk_shape=[2, 2])
+    )
+
+
+def test_reads_abandoned_by_a_failed_restore_are_ended_without_a_report(monkeypatch):
+    """Orbax's own shard reads, left in flight on an event loop closed under them as
+    `run_sync` leaves them when a sibling read fails: collected, each reports an
+    "Exception ignored" with TensorStore's spec; ended by `ended_on_failure`, none do, and
+    other unraisable exceptions still reach the hook."""
+    reported = []  # (message, from an Orbax coroutine): a traceback would keep reads alive
+
+    def hook(unraisable):
+        reported.append(
+            (str(unraisable.exc_value), abandoned_reads._orbax_coroutine(unraisable.object))
+        )
+
+    monkeypatch.setattr(sys, "unraisablehook", hook)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    halves = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+
+    held = []  # the task, as Orbax's gather holds it until the failure
+
+    def abandon_reads():
+        released, entered = threading.Event(), threading.Event()
+        loop = asyncio.new_event_loop()
+        read = serialization._read_and_create_array(
+            _hanging_store(released, entered), global_shape=(4, 2), new_shard_shape=(2, 2),
+            sharding=halves, dtype=np.float32, byte_limiter=limits.get_byte_limiter(),
+            strict=True, dll=None,
+        )  # fmt: skip
+        held.append(loop.create_task(read))
+        while not entered.is_set():
+            loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()  # as Orbax's run_sync does once the gather has raised
+        return released
+
+    def collect(released):
+        """Lets TensorStore finish the reads (for the closed loop), then collects them."""
+        held.clear()
+        released.set()
+        deadline = time.monotonic() + 60
+        while [m for m, _ in reported].count(_CLOSED_LOOP) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gc.collect()
+
+    collect(abandon_reads())  # what Python does with them unless they are ended
+    abandoned = [message for message, orbax in reported if orbax]
+    assert len(abandoned) == 2 and "TensorStore" in abandoned[0], reported
+
+    reported.clear()
+    with pytest.raises(OSError), abandoned_reads.ended_on_failure():
+        released = abandon_reads()
+        _RaisesWhenCollected(lambda: 1 / 0)  # not a read: reported
+        raise OSError("a read failed")
+    assert len(reported) == 1
+    collect(released)
+    assert [message for message, _ in reported if message != _CLOSED_LOOP] == ["division by zero"]
+
+
+# TensorStore finishing a read for a closed loop reports this (`main`'s hook drops it).
+_CLOSED_LOOP = "Event loop is closed"
 
 
 # --- 4: restore on another mesh --------------------------------------------------------------

@@ -150,11 +150,16 @@ def test_a_killed_search_resumes_run_by_run_and_refuses_another_spec(exports, tm
     again = search.run_search(exports["mlm"], task, recipe, str(out), glue_dir=glue)
     assert runs[0].stat().st_mtime_ns == kept  # reused, not rerun
     assert again["tasks"][0]["scores"] == first["tasks"][0]["scores"]  # the rerun is exact
-    with pytest.raises(ConfigError, match="recipe"):
+    written = {p: p.stat().st_mtime_ns for p in (out / "spec.json", out / "results.json")}
+    with pytest.raises(ConfigError, match=r"learning_rates: \[0.001\] -> \[0.0005\]\)"):
         search.run_search(
             exports["mlm"], task, dataclasses.replace(recipe, learning_rates=(5e-4,)), str(out),
             glue_dir=glue,
         )  # fmt: skip
+    compiled = model_slot.LoopOptions(compile=True)  # other masks, other widths: other runs
+    with pytest.raises(ConfigError, match=r'loop\.compile: "none" -> "default"'):
+        search.run_search(exports["mlm"], task, recipe, str(out), glue_dir=glue, options=compiled)
+    assert {p: p.stat().st_mtime_ns for p in written} == written  # refusals write nothing
 
 
 def test_regression_task_gets_a_one_output_head_and_correlations(exports, tmp_path):
@@ -268,6 +273,7 @@ def test_command_exports_a_workdir_and_prints_the_table(tiny_checkpoints, tmp_pa
         ("missing_file", "SST-2/dev.tsv"),
         ("bad_label", "'positive'"),
         ("wrong_columns", "line 3"),
+        ("bad_seeds", "--seeds=one: give integers, comma-separated (e.g. --seeds=1,2,3)"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_nothing_to_trust(exports, case, expect, tmp_path):
@@ -289,6 +295,8 @@ def test_bad_input_is_one_line_and_leaves_nothing_to_trust(exports, case, expect
         lines = path.read_text().splitlines(keepends=True)
         lines[2] = lines[2].replace("\t", " ")
         path.write_text("".join(lines))
+    elif case == "bad_seeds":
+        args.append("--seeds=one")
     out = tmp_path / "out"
     done = _finetune(*args, f"--output_dir={out}", timeout=120)
     assert done.returncode != 0
@@ -299,8 +307,12 @@ def test_bad_input_is_one_line_and_leaves_nothing_to_trust(exports, case, expect
 
 
 def test_a_compiled_model_trains_as_the_eager_one(exports):
-    """`finetune --compile=default`: the model really compiles (no eager fallback), widths go
-    to buckets, and with dropout 0 its losses are the eager model's to float rounding."""
+    """`finetune --compile=default`: the model really compiles, whole (no graph break, no
+    frame left eager at the recompile limit: Dynamo falls back silently on both), into at
+    most one graph per width bucket, and with dropout 0 its losses are the eager model's to
+    float rounding."""
+    from torch._dynamo.utils import counters
+
     export_dir = exports["mae_lm"]
     tok = classifier.tokenizer(export_dir)
     texts, labels = sentences(256, 0)
@@ -308,6 +320,9 @@ def test_a_compiled_model_trains_as_the_eager_one(exports):
     data = training.encode(tok, examples, 32)
     spec = dataclasses.replace(RECIPE, max_steps=30).runs("sst2", "pretrained", 32)[0]
     task, cpu, subset = tasks.TASKS["sst2"], torch.device("cpu"), np.arange(len(data))
+    longest = max(len(r) for r in data.ids)
+    buckets = {training.bucket_width(len(r), longest) for r in data.ids}  # a batch's is one
+    assert len(buckets) > 1  # more than one shape: recompiles happen
     losses, slots = {}, {}
     for name, options in (
         ("eager", model_slot.LoopOptions(width_buckets=True)),
@@ -320,7 +335,71 @@ def test_a_compiled_model_trains_as_the_eager_one(exports):
         steps = training.train_steps(
             slot, task, on_device, spec, subset, np.random.default_rng(spec.seed)
         )
-        losses[name] = training._drain(steps)
+        counters.clear()
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            losses[name] = training._drain(steps)
     assert slots["compiled"].compile_error is None
     assert slots["compiled"].step_model is not slots["compiled"].model and slots["compiled"].buckets
+    assert not counters["graph_break"] and not counters["unimplemented"], dict(counters)
+    assert counters["frames"]["ok"] == counters["frames"]["total"] > 0, dict(counters["frames"])
+    assert 1 <= counters["stats"]["unique_graphs"] <= len(buckets), dict(counters["stats"])
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-3, atol=1e-4)
+
+
+def test_a_model_bug_under_compile_raises_instead_of_training_eagerly(exports):
+    """A shape error in the model's own code is not torch.compile failing: it propagates
+    from the first compiled step (as Dynamo's TorchRuntimeError), with no eager fallback."""
+    export_dir = exports["mae_lm"]
+    tok = classifier.tokenizer(export_dir)
+    texts, labels = sentences(64, 0)
+    data = training.encode(
+        tok, [Example(t, None, y) for t, y in zip(texts, labels, strict=True)], 32
+    )
+    spec = dataclasses.replace(RECIPE, max_steps=2).runs("sst2", "pretrained", 32)[0]
+    cpu = torch.device("cpu")
+    slot = model_slot.ModelSlot(cpu, model_slot.LoopOptions(compile=True))
+    model = classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0)
+    hidden = model.config.hidden_size
+    model.classifier.out_proj = torch.nn.Linear(hidden + 1, 2)  # the bug: one input too many
+    slot.load(model)
+    on_device = training.to_device(data, tok.pad_token_id, cpu, regression=False)
+    steps = training.train_steps(
+        slot, tasks.TASKS["sst2"], on_device, spec, np.arange(len(data)), np.random.default_rng(1)
+    )
+    try:
+        with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=str(hidden + 1)):
+            training._drain(steps)
+    finally:
+        torch._dynamo.reset()
+    assert slot.compile_error is None and slot.step_model is not slot.model  # no fallback
+
+
+def test_a_compile_that_fails_trains_eagerly_with_one_warning(exports, caplog):
+    """torch.compile failing for want of a working C++ compiler (Inductor's InductorError) is
+    what the eager fallback is for: the run trains on, and one warning names the error."""
+    import torch._inductor.config as inductor_config
+
+    export_dir = exports["mae_lm"]
+    tok = classifier.tokenizer(export_dir)
+    texts, labels = sentences(64, 0)
+    data = training.encode(
+        tok, [Example(t, None, y) for t, y in zip(texts, labels, strict=True)], 32
+    )
+    spec = dataclasses.replace(RECIPE, max_steps=2).runs("sst2", "pretrained", 32)[0]
+    cpu = torch.device("cpu")
+    slot = model_slot.ModelSlot(cpu, model_slot.LoopOptions(compile=True))
+    slot.load(classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0))
+    on_device = training.to_device(data, tok.pad_token_id, cpu, regression=False)
+    steps = training.train_steps(
+        slot, tasks.TASKS["sst2"], on_device, spec, np.arange(len(data)), np.random.default_rng(1)
+    )
+    no_compiler = {"cpp.cxx": ("/nonexistent/c++",), "force_disable_caches": True}
+    try:
+        with inductor_config.patch(no_compiler), caplog.at_level("WARNING", logger="absl"):
+            losses = training._drain(steps)
+    finally:
+        torch._dynamo.reset()  # nothing of the failed compile reaches a later test
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    assert slot.step_model is slot.model and "InvalidCxxCompiler" in slot.compile_error
+    warned = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warned) == 1 and "InvalidCxxCompiler" in warned[0], warned

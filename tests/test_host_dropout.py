@@ -2,6 +2,7 @@
 the scale, every quarter of a word, the seed, and a fine-tuning run that depends on its own
 seed alone when a search reuses one model."""
 
+import copy
 import json
 import os
 
@@ -31,6 +32,27 @@ def test_drops_at_the_rate_and_keeps_the_expectation(p):
     assert abs(y.mean().item() - 1) < 0.005
     layer.eval()
     assert layer(x) is x
+
+
+def test_masks_from_inside_and_across_blocks_keep_the_rate_and_the_scale():
+    """Every site after a block's first takes its mask at an offset into the block, and a
+    request that does not fit starts a new one: the rate and the scale hold there too, and
+    in bfloat16."""
+    torch.manual_seed(0)
+    pool = host_dropout.MaskPool(0.1, block=10_000)
+    shapes = [(7, 13), (3, 333), (1,), (2500, 4), (17, 50, 3), (9_999,)] * 30
+    masks = [pool.take(torch.Size(shape), torch.float32) for shape in shapes]
+    assert [tuple(m.shape) for m in masks] == shapes
+    values = torch.cat([m.reshape(-1) for m in masks])
+    scale = torch.tensor(pool.scale).item()  # in float32
+    assert set(values.unique().tolist()) == {0.0, scale}
+    dropped = (values == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 5 * (0.1 * 0.9 / values.numel()) ** 0.5, dropped
+    for mask in masks[-6:]:  # a few thousand elements each: a plain site's share
+        assert 0.05 < (mask == 0).float().mean().item() < 0.15 or mask.numel() < 1000
+    half = pool.take(torch.Size([4000]), torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+    assert set(half.unique().tolist()) == {0.0, torch.tensor(pool.scale).bfloat16().item()}
 
 
 def test_every_quarter_of_a_word_drops_alike():
@@ -69,6 +91,98 @@ def test_gradient_goes_through_the_kept_elements_only():
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
     return finetune_speed.make_export(str(tmp_path_factory.mktemp("host_dropout")), 1, 64)
+
+
+def two_layer_classifier(kind: str, export_root) -> nn.Module:
+    """The two classes that read `<s>` alone in their last layer: the study's relative-bias
+    class (its own switch) and plain `RobertaForSequenceClassification` (patched), at dropout
+    0.1 with attention dropout 0 (SDPA's masks are PyTorch's, drawn in its kernel)."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    if kind == "relative_bias":
+        root = finetune_speed.make_export(str(export_root), 2, 64)
+        return classifier.classifier(root, 2, "pretrained", 0.1, 0.0)
+    config = RobertaConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128, max_position_embeddings=40, hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.0, num_labels=2,
+    )  # fmt: skip
+    return RobertaForSequenceClassification(config)
+
+
+@pytest.mark.parametrize("kind", ["relative_bias", "roberta"])
+def test_the_first_token_last_layer_is_the_full_layers_row_under_dropout(kind, tmp_path):
+    """Above dropout 0: with the same host masks, the last layer at `<s>` alone gives the
+    full last layer's logits, loss and gradients. Its layers before the last draw the same
+    masks in the same order; the last layer's sites and the head's draw other amounts from
+    the pool, so the full model's `<s>` row is given the masks the first-token model drew
+    there (forward hooks): a site the `<s>`-only layer skipped, added or took in another
+    order would show."""
+    torch.manual_seed(0)
+    full = two_layer_classifier(kind, tmp_path)
+    first = copy.deepcopy(full)
+    assert classifier.read_first_token_only(first)
+    if kind == "relative_bias":
+        full.first_token_only = False
+    for model in (full, first):
+        assert host_dropout.use_host_dropout(model) > 0
+        model.train()
+    last = full.roberta.encoder.layer[-1]
+    sites = ("attention.output.dropout", "output.dropout")
+    names = [f"roberta.encoder.layer.{len(full.roberta.encoder.layer) - 1}.{s}" for s in sites]
+    names.append("classifier.dropout")  # twice a forward: before and after the dense layer
+    assert all(isinstance(full.get_submodule(n), host_dropout.HostDropout) for n in names)
+    assert last is full.get_submodule(names[0].rsplit(".", 3)[0])
+
+    rng = np.random.default_rng(0)
+    ids = torch.from_numpy(rng.integers(5, 100, (6, 12)))
+    ids[:, 0], ids[3:, 9:] = 0, 1  # <s>; the last three rows padded
+    mask, labels = ids != 1, torch.tensor([0, 1, 1, 0, 1, 0])
+    kept: dict[str, list] = {n: [] for n in names}
+
+    def record(name):
+        def hook(module, inputs, output):
+            kept[name].append(output != 0)
+
+        return hook
+
+    def replay(name):
+        def hook(module, inputs, output):
+            keep = kept[name].pop(0)
+            if output.dim() == 2:  # the head's [B, E]
+                return inputs[0] * keep * module.pool.scale
+            output = output.clone()
+            output[:, :1] = inputs[0][:, :1] * keep * module.pool.scale
+            return output
+
+        return hook
+
+    def run(model, hook):
+        handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in names]
+        torch.manual_seed(1)
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask).logits
+        loss = torch.nn.functional.cross_entropy(out, labels)
+        loss.backward()
+        for h in handles:
+            h.remove()
+        return out.detach(), loss.item(), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    got = run(first, record)
+    assert [len(kept[n]) for n in names] == [1, 1, 2]
+    assert all(k.shape[1] == 1 for n in names[:2] for k in kept[n])  # `<s>`'s row alone
+    share = torch.cat([k.reshape(-1) for v in kept.values() for k in v]).float().mean().item()
+    assert 0.8 < share < 0.97, share  # dropout acts, at about its rate
+    want = run(full, replay)
+    assert all(not v for v in kept.values())  # every recorded mask was used, in order
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-5)  # logits ~1e-3
+    assert abs(got[1] - want[1]) < 1e-6
+    for name, grad in want[2].items():
+        torch.testing.assert_close(got[2][name], grad, atol=1e-7, rtol=1e-4, msg=name)
+    first.eval()
+    with torch.no_grad():
+        plain = first(input_ids=ids, attention_mask=mask).logits
+    assert not torch.allclose(plain, got[0], atol=1e-3)  # the masks changed the logits
 
 
 def test_a_classifier_keeps_its_parameters_and_its_attention_dropout(export_dir):

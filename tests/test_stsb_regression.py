@@ -1,4 +1,5 @@
-"""The STS-B regression path learns a pair task that bag-of-pieces overlap solves.
+"""The STS-B regression path can learn a pair task that bag-of-pieces overlap solves, at a
+generous budget (init_std 0.1, lr 3e-3, 1500 steps, one seed), not at the study's settings.
 
 At the CPU study's scale every row's STS-B cross-encoder predicts the labels' mean (docs/
 results.md, "STS-B at the study's scale, understood"). This holds the other half of that
@@ -85,7 +86,10 @@ def random_export(tmp_path_factory):
     return str(out)
 
 
-def test_random_init_cross_encoder_learns_pair_overlap(random_export):
+def test_the_regression_path_can_learn_pair_overlap_at_a_generous_budget(random_export):
+    """Shows the path (fine_tune, the MSE head, the correlations) learns when the budget lets
+    it. The study's own settings do not get there (the module's docstring), so this is no
+    test of them."""
     train, dev = overlap_pairs(4000, 0), overlap_pairs(500, 1)
     task = tasks.TASKS["stsb"]
     assert classifier.needs_remote_code(random_export)  # the study's class, relative bias

@@ -42,12 +42,13 @@ def get_config():
 """
 
 
-def _study(args, wait=True, cwd=REPO_ROOT):
+def _study(args, wait=True, cwd=REPO_ROOT, command=None):
     """The study on one process as a user runs it: JAX picks its backend (no JAX_PLATFORMS),
-    on a machine that ships mpi4py as NVIDIA's containers do."""
+    on a machine that ships mpi4py as NVIDIA's containers do. `command`: what runs it in
+    place of `python -m maelm_jax.study`, the same flags following."""
     env = users_machine({**process_env(1), "OMP_NUM_THREADS": "1"})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "maelm_jax.study", *args],
+        [*(command or [sys.executable, "-m", "maelm_jax.study"]), *args],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,

@@ -130,12 +130,19 @@ def _copied_folder(root, unfinished: tuple[str, ...], exports: tuple[str, ...]) 
     [
         ((), (), []),  # every stage finished: nothing is needed, nothing redone
         (("mae_lm/finetune",), ("mae_lm",), []),  # its export is there
-        (("mae_lm/finetune",), (), ["mae_lm/pretrain", "mae_lm/export"]),
-        (("mlm/rank",), ("mlm",), ["mlm/pretrain"]),  # the rank reads the checkpoint
-        # the random-init row fine-tunes the first objective's architecture, from its export
-        (("random_init/finetune",), ("mae_lm",), ["mlm/pretrain", "mlm/export"]),
+        # what the row made from the model whose checkpoint is gone goes with it: its rank
+        (("mae_lm/finetune",), (), ["mae_lm/pretrain", "mae_lm/export", "mae_lm/rank"]),
+        # the rank reads the checkpoint; the export and its GLUE runs were the old model's
+        (("mlm/rank",), ("mlm",), ["mlm/pretrain", "mlm/export", "mlm/finetune"]),
+        # the random-init row fine-tunes the first objective's architecture, from its export;
+        # it keeps its own runs (not the weights), the mlm row is remade whole
+        (
+            ("random_init/finetune",),
+            ("mae_lm",),
+            ["mlm/pretrain", "mlm/export", "mlm/finetune", "mlm/rank"],
+        ),
         # an export that never finished needs the checkpoint as much as one that is gone
-        (("mlm/export", "mlm/finetune"), (), ["mlm/pretrain"]),
+        (("mlm/export", "mlm/finetune"), (), ["mlm/pretrain", "mlm/rank"]),
     ],
     ids=["all_done", "export_there", "export_gone", "rank", "random_row", "export_unfinished"],
 )
@@ -151,13 +158,26 @@ def test_a_copied_folder_redoes_only_the_stages_an_unfinished_one_needs(
     for row, stage, why in found:  # why: the path that is gone, and the stages needing it
         assert ("is gone" if stage != "pretrain" else "holds no checkpoint of step") in why, why
         assert "\n" not in why and row in why
+    stages = [f"{row}/{stage}" for row, stage, _ in found]
+    assert resume.reopen(_study_of_two(), study_dir) == found
+    todo = ("pretrain", "export", "finetune", "rank")
+    for row, stage in ((r, s) for r in ("mlm", "mae_lm") for s in todo):
+        # a stage done again has no marker, and its old folder is moved aside, not lost
+        assert (tmp_path / row / f"{stage}.json").exists() == (
+            f"{row}/{stage}" not in stages + list(unfinished)
+        ), (row, stage)
+        moved = [n for n in os.listdir(tmp_path / row) if n.startswith(f"{stage}.stale-")]
+        assert len(moved) == (stage == "export" and f"{row}/{stage}" in stages and row in exports)
+    assert (tmp_path / "random_init" / "finetune.json").exists() != (
+        "random_init/finetune" in unfinished
+    )
 
 
 def test_a_search_whose_runs_fine_tuned_another_export_is_refused_in_the_studys_words(tmp_path):
     """A pretraining done again need not be bit-exact (a GPU's is not): its export is another
-    model, and the row's finished runs are not mixed with its runs. A folder that moved is
-    named too: the search keys its export by path."""
-    export_dir, search_dir = tmp_path / "mlm" / "export", tmp_path / "mlm" / "finetune"
+    model, and the row's finished runs are not mixed with its runs. A study folder that moved
+    keeps them: the same bytes at the same place under the new root."""
+    export_dir, search_dir = tmp_path / "a" / "mlm" / "export", tmp_path / "a" / "mlm" / "finetune"
     for folder in (export_dir, search_dir / "runs"):
         folder.mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
@@ -167,15 +187,34 @@ def test_a_search_whose_runs_fine_tuned_another_export_is_refused_in_the_studys_
     (search_dir / "spec.json").write_text(json.dumps(spec))
     resume.check_search("mlm", str(export_dir), str(search_dir))  # the same export: goes on
 
+    # moved to another path: the spec names the export where it is now, the rest unchanged
+    moved = tmp_path / "b"
+    shutil.move(tmp_path / "a", moved)
+    resume.check_search("mlm", str(moved / "mlm" / "export"), str(moved / "mlm" / "finetune"))
+    now = json.loads((moved / "mlm" / "finetune" / "spec.json").read_text())
+    assert now == {**spec, "export": {**spec["export"], "path": str(moved / "mlm" / "export")}}
+    export_dir, search_dir = moved / "mlm" / "export", moved / "mlm" / "finetune"
+
+    # a search moved aside for a pretraining done again comes back for the same bytes only
+    aside = moved / "mlm" / "finetune.stale-20261201-120000"
+    search_dir.rename(aside)
+    resume.check_search("mlm", str(export_dir), str(search_dir))
+    assert not aside.exists() and (search_dir / "runs" / "sst2-pretrained-seed1.json").is_file()
     (export_dir / "model.safetensors").write_text("weights pretrained again")
     with pytest.raises(ConfigError) as e:
         resume.check_search("mlm", str(export_dir), str(search_dir))
     assert str(e.value).startswith("mlm: its fine-tuning search's 1 finished run(s) fine-tuned")
     assert f"copy that export from the machine it ran on, or delete {search_dir}" in str(e.value)
+    search_dir.rename(aside)
+    resume.check_search("mlm", str(export_dir), str(search_dir))
+    assert aside.is_dir() and not search_dir.exists()  # fine-tuned afresh, the old runs kept
 
-    moved = tmp_path / "moved"
-    shutil.copytree(tmp_path / "mlm", moved)
+    # the same bytes somewhere that is not this study's place for them
+    aside.rename(search_dir)
+    (export_dir / "model.safetensors").write_text("the weights")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(export_dir, elsewhere)
     with pytest.raises(ConfigError) as e:
-        resume.check_search("mlm", str(moved / "export"), str(moved / "finetune"))
+        resume.check_search("mlm", str(elsewhere), str(search_dir))
     assert f"fine-tuned the export at {export_dir}, and this study folder's is at" in str(e.value)
-    assert "a copied study resumes at the path it ran at" in str(e.value)
+    assert "not the same place in a moved folder" in str(e.value)

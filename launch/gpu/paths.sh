@@ -17,7 +17,7 @@
 #   3 seeds, four tasks), limited to the 9 minutes issue #63 gives it.
 #   GLUE_DIR  GLUE's download (SST-2/, RTE/ with train.tsv and dev.tsv); no network needed.
 # About 6 minutes on an H200 (budgeted: each step's limit below). Needs python3 with the
-# project's packages (docs/performance.md, "GPUs", says which wheels an image lacks).
+# project's packages (docs/gpu-logs/README.md says which wheels an image lacks).
 # TensorFlow is optional: without it the default run's embedded corpus (python_docs, a TFDS
 # dataset whose writer needs TensorFlow) is written once as text files and the run reads the
 # same documents as `--config.dataset=text:...`; the log says which it was.

@@ -161,7 +161,8 @@ def main(out: str, batch: int) -> None:
         )
     cudnn.roll = roll
 
-    # Measured in the fourth lease (docs/results.md): last, so a cut-off run keeps the layers.
+    # Measured on one H200, 2026-11-27 06:33 (docs/results.md): last, so a cut-off run keeps
+    # the layers.
     record(
         "table_gradient (model, one layer)", lambda c, b: rb.table_gradient(c, b, K), cot, buckets
     )

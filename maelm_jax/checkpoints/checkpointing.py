@@ -7,9 +7,11 @@ from the checkpoint alone. Saves are asynchronous and every process takes part.
 Trust comes from a manifest (`manifest.py`): when all of a step's files are written and
 before Orbax commits the step, process 0 adds `maelm_manifest.json`. A step without it,
 with a file missing, resized or changed, whose metadata or arrays fail to read, whose
-restored arrays do not match their fingerprints, or whose state is not finite, is reported
-and the previous good step is used instead; once one is found, the bad ones are renamed to
-`<step>.unusable-<reason>` (never deleted) so the resumed run can write those steps again.
+restored arrays do not match their fingerprints, or whose state is not finite, is skipped
+for the previous good step; once one is found, the bad ones are renamed to
+`<step>.unusable-<reason>` (never deleted) so the resumed run can write those steps again,
+each reported in one line (a failed read's abandoned coroutines are ended quietly:
+`abandoned_reads`).
 A restore's fingerprints are recomputed on the device and compared.
 A checkpoint that is readable but does not fit the model is a hard error, never skipped.
 """
@@ -18,6 +20,7 @@ import base64
 import collections
 import json
 import os
+import re
 import time
 
 import jax
@@ -26,6 +29,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from maelm_jax.checkpoints import abandoned_reads
 from maelm_jax.checkpoints import integrity as checkpoint_integrity
 from maelm_jax.checkpoints.manifest import (
     CHECKPOINT_DIRNAME,
@@ -167,16 +171,17 @@ class Checkpointer:
 
     # --- Restoring ------------------------------------------------------------------------
 
-    def _quarantine(self, step: int, reason: str) -> None:
+    def _quarantine(self, step: int, reason: str) -> epath.Path:
+        """Renames step `step` aside (process 0); returns where it went."""
+        tag = "".join(c if c.isalnum() else "-" for c in reason.split(":")[0])[:40]
+        target = self.directory / f"{step}.unusable-{tag.strip('-')}"
         if jax.process_index() == 0:
-            tag = "".join(c if c.isalnum() else "-" for c in reason.split(":")[0])[:40]
-            target = self.directory / f"{step}.unusable-{tag.strip('-')}"
             (self.directory / str(step)).rename(target)
-            logging.warning("Moved checkpoint %d aside to %s", step, target)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(
                 f"maelm_jax.checkpoints.checkpointing.quarantine.{step}"
             )
+        return target
 
     def _verify(self, step_dir: epath.Path, state: TrainState) -> str | None:
         """Why the restored `state` is not what was saved, or None (collective)."""
@@ -218,33 +223,37 @@ class Checkpointer:
                 check_params_match(saved_params, abstract_state.params, os.fspath(step_dir))
                 restored = None
                 try:
-                    restored = self.manager.restore(
-                        step,
-                        args=ocp.args.Composite(
-                            state=ocp.args.StandardRestore(abstract_state),
-                            data=ocp.args.JsonRestore(),
-                            tokenizer=ocp.args.JsonRestore(),
-                        ),
-                    )
+                    with abandoned_reads.ended_on_failure():
+                        restored = self.manager.restore(
+                            step,
+                            args=ocp.args.Composite(
+                                state=ocp.args.StandardRestore(abstract_state),
+                                data=ocp.args.JsonRestore(),
+                                tokenizer=ocp.args.JsonRestore(),
+                            ),
+                        )
                 except Exception as e:  # a truncated or corrupted array file
-                    problem = f"unreadable: {first_line(e)}"
+                    problem = f"unreadable: {_read_error(e)}"
                 if not multihost.all_true(restored is not None):
                     problem = problem or "unreadable on another process"
                 else:  # collective, and the same answer on every process
                     problem = self._verify(step_dir, restored.state)
             if problem is None:
                 self._check_tokenizer(restored.tokenizer, os.fspath(step_dir))
-                for bad_step, reason in skipped:
-                    self._quarantine(bad_step, reason)
+                for bad_step, reason in skipped:  # one line each: what, why, where, instead
+                    logging.warning(
+                        "Checkpoint %s is incomplete or corrupt (%s): moved it to %s and "
+                        "restored %s instead",
+                        self.directory / str(bad_step),
+                        reason,
+                        self._quarantine(bad_step, reason),
+                        step_dir,
+                    )
                 if skipped:
                     self.manager.reload()
-                logging.info("Restored checkpoint %s (integrity record verified)", step_dir)
+                else:
+                    logging.info("Restored checkpoint %s (integrity record verified)", step_dir)
                 return restored.state, restored.data
-            logging.warning(
-                "Checkpoint %s is incomplete or corrupt (%s); trying the previous one",
-                step_dir,
-                problem,
-            )
             skipped.append((step, problem))
         if skipped:
             reasons = "; ".join(f"step {s}: {r}" for s, r in skipped)
@@ -253,3 +262,12 @@ class Checkpointer:
                 "move the directory away to start from step 0"
             )
         return None
+
+
+def _read_error(e: BaseException) -> str:
+    """The first line of the error TensorStore gave, under Orbax's wrapper (whose own
+    message is the index read and the store's whole spec), without the store's path."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    line = re.sub(r' in OCDBT database at local file "[^"]*"', "", (str(e).splitlines() or [""])[0])
+    return f"{type(e).__name__}: {line[:200]}"

@@ -167,7 +167,7 @@ def get_config() -> ml_collections.ConfigDict:
     # sums the table's gradient itself, with its own dropout masks, a hash of the step's
     # key; model/kernels/relative_flash.py) | "auto": dense, everywhere. On an H200 the
     # kernel's layer took 4.1 ms against cuDNN's 2.8 to 3.2, mae_lm_base's step 102.2 ms
-    # against 96.0 (docs/results.md, "a sixth lease").
+    # against 96.0 (docs/results.md, one H200, 2026-11-27 11:06).
     c.model.relative_bias_impl = "auto"
     # How a token lookup reads the embedding table, whose embedding axis is sharded (fsdp).
     # "never": each chip gathers its slice of the embedding for every token of the global

@@ -11,14 +11,15 @@ from maelm_jax.glue import classifier
 
 @dataclasses.dataclass(frozen=True)
 class LoopOptions:
-    """How the steps run. None changes what a run computes beyond float rounding
-    (tests/test_finetune.py holds the losses to the loop before them;
-    `python -m maelm_jax.bench finetune` times each), except that `host_dropout` draws
-    other masks of the same rate from the same seed."""
+    """How the steps run. At dropout 0 none changes what a run computes beyond float
+    rounding (tests/test_finetune.py holds the losses to the loop before them;
+    `python -m maelm_jax.bench finetune` times each). Above it, `compile`, `host_dropout`
+    and `width_buckets` draw other masks of the same rate from the same seed, so a search
+    records them and keeps to one (`search.loop_identity`)."""
 
     fused_adamw: bool = True  # the update as one kernel (CUDA and CPU), not ~10 per tensor
     first_token: bool = True  # the last layer at `<s>` alone (classifier.read_first_token_only)
-    compile: bool = False  # torch.compile the model: pays on a GPU; eager if it fails
+    compile: bool = False  # torch.compile the model: pays on a GPU; eager if compiling fails
     compile_mode: str = "default"  # torch.compile's mode: "reduce-overhead" adds CUDA graphs
     check_every: int = 25  # steps between reads of the loss (each read waits for the device)
     host_dropout: bool = True  # eager on a CPU: masks 4 to a random word (glue/host_dropout.py)
@@ -78,3 +79,19 @@ class ModelSlot:
         self.compile_error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         logging.warning("torch.compile failed, training eagerly: %s", self.compile_error)
         self.step_model = self.model
+
+
+def compile_failed(error: Exception) -> bool:
+    """Whether `error`, raised by a compiled model's step, is torch.compile failing (its
+    backend and Inductor, a construct Dynamo cannot trace, Dynamo's own bug), which the eager
+    model can do without. The model's own bugs (a shape error shows as Dynamo's
+    TorchRuntimeError), an out-of-memory, even one met while compiling, and all else are not."""
+    import torch
+    from torch._dynamo import exc
+
+    inner = getattr(error, "inner_exception", None)  # what a backend failure wraps
+    if isinstance(error, torch.OutOfMemoryError) or isinstance(inner, torch.OutOfMemoryError):
+        return False
+    return isinstance(
+        error, (exc.BackendCompilerFailed, exc.Unsupported, exc.InternalTorchDynamoError)
+    )

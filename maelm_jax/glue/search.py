@@ -1,11 +1,13 @@
 """Every run of the recipe's grid on an export, resumable run by run, and the papers' summary.
 
 `output_dir` holds `spec.json` (what was asked: the export's identity, the recipe, the tasks,
-and where it computes: the device type and its precision, `compute_identity`),
-`runs/<run>.json` (one per finished run, written whole or not at all) and, once every run is
-done, `results.json`. A rerun with the same spec reuses the finished runs, so a killed search
-goes on where it stopped; a rerun with another spec is refused rather than mixed in. Nothing
-is written before the export and every task's data have been read and checked.
+where it computes: the device type and its precision, `compute_identity`, and how the loop
+runs, as far as that changes the numbers: `loop_identity`), `runs/<run>.json` (one per
+finished run, written whole or not at all) and, once every run is done, `results.json`. A
+rerun with the same spec reuses the finished runs, so a killed search goes on where it
+stopped; a rerun with another spec is refused, naming each changed key with both values,
+rather than mixed in. Nothing is written before the export and every task's data have been
+read and checked.
 
 Each task's reported setting is the one with the best median over seeds; the table gives that
 median and the seeds' range (RoBERTa, COCO-LM and MAE-LM report dev medians over five seeds).
@@ -78,8 +80,22 @@ def compute_identity(device) -> dict:
     """Where a run computes, as far as it changes the numbers: bf16 autocast on CUDA, float32
     elsewhere (glue/training.py). Runs of one search, or rows of one study, computed on two
     of these are not comparable to float noise, so a resume on the other is refused."""
-    kind = getattr(device, "type", str(device))
+    kind = getattr(device, "type", str(device)).split(":")[0]
     return {"device": kind, "precision": "bf16-autocast" if kind == "cuda" else "float32"}
+
+
+def loop_identity(options: LoopOptions, device) -> dict:
+    """What of `LoopOptions` changes a run's numbers beyond float rounding, as it acts on
+    `device`: a compiled model draws its dropout masks in Inductor's kernels, an eager one on
+    a CPU from host_dropout's blocks (else PyTorch's), and a mask's draw follows its shape,
+    which width buckets change. A search holds runs of one of these only."""
+    kind = getattr(device, "type", str(device)).split(":")[0]
+    compiled = options.compile
+    return {
+        "compile": options.compile_mode if compiled else "none",
+        "host_dropout": options.host_dropout and kind == "cpu" and not compiled,
+        "width_buckets": compiled if options.width_buckets is None else options.width_buckets,
+    }
 
 
 def write_json(path: str, value) -> None:
@@ -91,13 +107,15 @@ def write_json(path: str, value) -> None:
 
 
 def claim_output_dir(output_dir: str, spec: dict) -> None:
-    """Creates `output_dir` for `spec`, or accepts it when it holds the same spec; refuses a
-    folder with another spec, or with files that are not a search's."""
+    """Creates `output_dir` for `spec`, or accepts it when it holds the same spec (an older
+    spec.json read as `_as_recorded_now` says); refuses, touching nothing, a folder with
+    another spec, or with files that are not a search's."""
     path = os.path.join(output_dir, SPEC_FILE)
     spec = json.loads(json.dumps(spec))  # as it reads back: tuples are lists
     if os.path.isfile(path):
         with open(path) as f:
-            old = json.load(f)
+            written = json.load(f)
+        old = _as_recorded_now(written, spec, output_dir)
         where, was = spec.get("compute"), old.get("compute")
         if where is not None and where != was:
             raise ConfigError(
@@ -106,11 +124,15 @@ def claim_output_dir(output_dir: str, spec: dict) -> None:
                 "not mixed: resume it where it ran, or give a new --output_dir"
             )
         if old != spec:
-            changed = sorted(k for k in spec.keys() | old.keys() if spec.get(k) != old.get(k))
             raise ConfigError(
-                f"--output_dir={output_dir} holds a fine-tuning search with another "
-                f"{', '.join(changed)}; give a new --output_dir (its results are not mixed)"
+                f"--output_dir={output_dir} holds a fine-tuning search asked otherwise "
+                f"({'; '.join(_changes(old, spec))}); give a new --output_dir (its results "
+                "are not mixed)"
             )
+        if written != old:
+            added = " and ".join(sorted(old.keys() - written.keys()))
+            logging.info("%s: spec.json now records %s, as its runs implied", output_dir, added)
+            write_json(path, spec)
         return
     ours = ("export-step",)  # finetune --workdir's export, made before the spec exists
     if os.path.isdir(output_dir) and any(not n.startswith(ours) for n in os.listdir(output_dir)):
@@ -122,9 +144,50 @@ def claim_output_dir(output_dir: str, spec: dict) -> None:
     write_json(path, spec)
 
 
+def _as_recorded_now(old: dict, spec: dict, output_dir: str) -> dict:
+    """`old` with the keys recorded since it was written, read as the values it implied.
+    `compute` (recorded from 2026-11-28): the device torch picked then, as now, so this
+    machine's, unless results.json names another. `loop` (from 2026-11-29): the eager loop,
+    as without `--compile` (CPU runs before 2026-11-28 22:21 UTC drew PyTorch's masks,
+    another draw of the same rate: docs/evaluation.md)."""
+    old = dict(old)
+    if "compute" not in old and "compute" in spec:
+        device = spec["compute"]["device"]
+        results = os.path.join(output_dir, RESULTS_FILE)
+        if os.path.isfile(results):
+            with open(results) as f:
+                device = json.load(f).get("device", device)
+        old["compute"] = compute_identity(device)
+    if "loop" not in old and "loop" in spec:
+        old["loop"] = loop_identity(LoopOptions(), old.get("compute", {}).get("device", "cpu"))
+    return old
+
+
+def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for each differing leaf; the recipe's keys bare (they are the
+    flags' names), the others dotted (`export.path`, `loop.compile`)."""
+    changes = []
+    for key in sorted(old.keys() | new.keys()):
+        was, now = old.get(key), new.get(key)
+        if was == now:
+            continue
+        if isinstance(was, dict) and isinstance(now, dict):
+            inner = "" if key == "recipe" and not prefix else f"{prefix}{key}."
+            changes += _changes(was, now, inner)
+        else:
+            changes.append(f"{prefix}{key}: {_shown(was)} -> {_shown(now)}")
+    return changes
+
+
+def _shown(value) -> str:
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return f"sha256 {value[:12]}..."  # the export's weights or config
+    return "(none)" if value is None else json.dumps(value)
+
+
 def _where(compute: dict | None) -> str:
     if not compute:
-        return "an unrecorded device and precision (written before they were recorded)"
+        return "an unrecorded device and precision"
     return f"device={compute['device']}, precision={compute['precision']}"
 
 
@@ -224,6 +287,7 @@ def run_search(
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    options = options or LoopOptions()
     for init in inits:
         if init not in classifier.INITS:
             raise ConfigError(f"--inits: {init!r}; allowed: {', '.join(classifier.INITS)}")
@@ -238,6 +302,7 @@ def run_search(
         "inits": list(inits),
         "data": os.path.abspath(glue_dir) if glue_dir else "tfds",
         "compute": compute_identity(device),
+        "loop": loop_identity(options, device),
     }
     claim_output_dir(output_dir, spec)
     plan = [(t, init, recipe.runs(t.name, init, limit)) for t in task_list for init in inits]
@@ -254,7 +319,7 @@ def run_search(
         enc_train: Encoded | None = None
         on_device: DeviceSplit | None = None
         enc_dev: dict[str, Encoded] = {}
-        slot = ModelSlot(device, options or LoopOptions())
+        slot = ModelSlot(device, options)
         results = []
         for run in run_specs:
             path = os.path.join(output_dir, "runs", f"{run.name}.json")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from maelm_jax.glue import metrics
-from maelm_jax.glue.model_slot import ModelSlot
+from maelm_jax.glue.model_slot import ModelSlot, compile_failed
 from maelm_jax.glue.readers import Example
 from maelm_jax.glue.tasks import Task
 
@@ -248,8 +248,8 @@ def train_steps(
                 loss = _loss(slot.step_model, ids, mask, target, task.is_regression, device)
                 loss.backward()
                 break
-            except Exception as e:  # a torch.compile failure shows at the first call
-                if attempt or slot.step_model is model:
+            except Exception as e:  # torch.compile fails at a shape's first call
+                if attempt or slot.step_model is model or not compile_failed(e):
                     raise
                 slot.fall_back(e)
         opt.step()

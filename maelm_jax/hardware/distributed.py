@@ -15,6 +15,11 @@ not need one:
   and then asks the API server for the pod's Job: a lone pod (one GPU, no Job) fails. A
   pod of an Indexed Job, the shape a multi-pod JAX job takes, carries
   JOB_COMPLETION_INDEX; only such a pod counts.
+- A cluster of one process is a lone process: a single-task `srun`, `mpirun -np 1`, and a
+  one-host Cloud TPU VM (v4-8, v5p-8, v6e-8: its metadata names it worker 0 of a slice of
+  one, and JAX's TPU detector says "present") have no peer to join, and a job of one would
+  only hold a coordination client that a study must not keep past pretraining (its
+  accelerator handover refuses while one lives).
 """
 
 import os
@@ -50,14 +55,24 @@ def _counts(env) -> bool:
     return env.is_env_present()
 
 
+def _of_one(env) -> bool:
+    """Whether the environment's job has a single process. A detector that cannot say (its
+    metadata server or API unreachable) counts as a cluster: joining it reports why."""
+    try:
+        return int(env.get_process_count()) == 1
+    except Exception:  # whatever the detector's own lookup raises
+        return False
+
+
 def detected_cluster(method: str) -> str | None:
-    """The name of the cluster environment `method` joins, None for a lone process;
-    ConfigError for a method JAX does not know, or one whose environment is absent."""
+    """The name of the cluster environment `method` joins, None for a lone process (a job of
+    one process among them); ConfigError for a method JAX does not know, or one whose
+    environment is absent."""
     if method == NONE:
         return None
     if method == AUTO:
         found = next((env for env in _detectors() if _counts(env)), None)
-        return None if found is None else (found.name or found.__name__)
+        return None if found is None or _lone(found) else (found.name or found.__name__)
     env = next((env for env in _detectors() if env.name == method), None)
     if env is None:
         raise ConfigError(
@@ -69,7 +84,19 @@ def detected_cluster(method: str) -> str | None:
             f"--cluster_detection={method!r}: that environment is not present here (for "
             "mpi4py: the package must import and the command run under mpirun)"
         )
-    return method
+    return None if _lone(env) else method
+
+
+def _lone(env) -> bool:
+    if not _of_one(env):
+        return False
+    from absl import logging
+
+    logging.info(
+        "%s: a job of one process; it runs as a lone process (no jax.distributed job)",
+        env.name or env.__name__,
+    )
+    return True
 
 
 def initialize(

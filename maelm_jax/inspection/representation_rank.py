@@ -72,10 +72,15 @@ def layer_outputs_fn(model: nn.Module, num_layers: int):
     return trained_model.FullPrecisionJit(run)
 
 
-def held_out_blocks(trained, text_file: str | None, num_tokens: int) -> np.ndarray:
+def held_out_blocks(
+    trained, text_file: str | None, num_tokens: int, dataset: str | None = None
+) -> np.ndarray:
     """int32 [n, seq_len] packed blocks holding at least `num_tokens` tokens if the text has
-    them. Nothing is cached or written in the workdir."""
+    them. Nothing is cached or written in the workdir. `dataset`: the eval split of this
+    dataset in place of the one stored with the checkpoint (the same corpus, moved)."""
     config, tok = trained.config, trained.tokenizer
+    if dataset:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, dataset=dataset))
     if text_file:
         with open(text_file, encoding="utf-8") as f:
             docs = [d for d in f.read().split("\n\n") if d.strip()]
@@ -112,13 +117,15 @@ def _ranks(per_layer: np.ndarray, select: np.ndarray, limit: int) -> dict:
     }
 
 
-def analyse(workdir, step: int | None, num_tokens: int, text_file: str | None) -> dict:
+def analyse(
+    workdir, step: int | None, num_tokens: int, text_file: str | None, dataset: str | None = None
+) -> dict:
     """rank.json's content: {"layers": [...], "conditions": {name: {"pca90": [...], ...}}}."""
     trained = trained_model.load(workdir, step)
     tok = trained.tokenizer
     model, params = unrolled(trained)
     fn = layer_outputs_fn(model, trained.model_config.num_layers)
-    blocks = held_out_blocks(trained, text_file, num_tokens)
+    blocks = held_out_blocks(trained, text_file, num_tokens, dataset)
     regular = blocks >= tok.first_regular_id
     conditions = {"no_mask": _ranks(_hidden(fn, params, blocks), regular, num_tokens)}
     masked_blocks, chosen = _masked(blocks, regular, tok.mask_id)
@@ -143,7 +150,7 @@ def analyse(workdir, step: int | None, num_tokens: int, text_file: str | None) -
         "objective": c.objective,
         "decoder": c.model.decoder if c.objective == "mae_lm" else None,
         "hidden_size": c.model.hidden_size,
-        "text": text_file or f"{c.data.dataset} (eval split)",
+        "text": text_file or f"{dataset or c.data.dataset} (eval split)",
         "layers": list(range(trained.model_config.num_layers + 1)),
         "conditions": conditions,
     }
@@ -172,13 +179,15 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def run(workdir, output_dir, step, num_tokens: int, text_file: str | None) -> dict:
+def run(
+    workdir, output_dir, step, num_tokens: int, text_file: str | None, dataset: str | None = None
+) -> dict:
     """The command: checks its inputs, measures, writes rank.json and rank.png."""
     if num_tokens < 2:
         raise ConfigError(f"num_tokens={num_tokens} is not allowed; it must be >= 2")
     if text_file and not os.path.exists(text_file):
         raise ConfigError(f"text_file={text_file!r} does not exist")
-    result = analyse(workdir, step, num_tokens, text_file)
+    result = analyse(workdir, step, num_tokens, text_file, dataset)
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, "rank.json"), "w") as f:
         json.dump(result, f, indent=1)

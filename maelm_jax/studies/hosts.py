@@ -28,6 +28,13 @@ def many() -> bool:
     return jax.process_count() > 1
 
 
+def joined() -> bool:
+    """In a `jax.distributed` job, of several processes or (given a coordinator) of one."""
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None
+
+
 def on_process_0(what: str, work):
     """`work()`'s result on process 0 (None on the others); if it raises, every process
     raises with it (collective), so no host walks on into the next stage alone."""

@@ -21,6 +21,10 @@ the same 9 minutes (3 or 1 s of set-up a run): raise `--max_steps` then.
 
 A flag given on the command line always wins (absl's `present`): `--preset=gpu --seeds=1`
 is the gpu preset with one seed.
+
+`--preset=gpu` where JAX would run on the CPU alone is refused unless `--allow_slow_preset`
+is given: on a 2-core CPU its two 3000-step pretrainings take 15 to 20 s a step,
+more than a day, and nothing else would say so.
 """
 
 import os
@@ -59,6 +63,28 @@ PRESETS = {
         "max_seq_length": 128,
     },
 }
+
+
+# What a preset is sized for, said where it is refused.
+SIZED_FOR = {"gpu": "one H200 GPU (MLM, MAE-LM and random init in about 9 minutes)"}
+ALLOW_SLOW_FLAG = "allow_slow_preset"
+
+
+def check_machine(flag_values: flags.FlagValues) -> None:
+    """Refuses a preset sized for an accelerator where JAX would run on the CPU alone (told
+    before any backend starts), unless `--allow_slow_preset` asks for it anyway."""
+    name = flag_values.preset
+    if name not in SIZED_FOR or flag_values[ALLOW_SLOW_FLAG].value:
+        return
+    from maelm_jax.hardware import platforms
+
+    reason = platforms.cpu_only()
+    if reason:
+        raise ConfigError(
+            f"--preset={name} is sized for {SIZED_FOR[name]}, but JAX would run on the CPU "
+            f"here ({reason}), where it takes more than a day on 2 cores: give --preset=cpu, "
+            f"or --{ALLOW_SLOW_FLAG} to run it anyway"
+        )
 
 
 def apply(flag_values: flags.FlagValues) -> dict:

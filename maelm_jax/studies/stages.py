@@ -57,14 +57,21 @@ def once(study_dir: str, row: str, stage: str, work, together: bool = False) -> 
     return result
 
 
-def pretrain(config, workdir: str) -> dict | None:
+def pretrain(config, workdir: str, name: str) -> dict | None:
     """The ordinary `main` path (train_and_evaluate), then what the table reports of it:
-    on process 0, the one that writes the metrics (None on the others)."""
+    on process 0, the one that writes the metrics (None on the others). A preemption that
+    stopped it short raises `Preempted` on every process alike (the stop step is agreed), so
+    no marker is written and no later stage starts; the rerun resumes from the saved step."""
     from maelm_jax.model import flop_count
-    from maelm_jax.training import metric_logging, train
+    from maelm_jax.training import metric_logging, preemption, train
 
     run = configdict.freeze(config)
-    train.train_and_evaluate(run, workdir)
+    steps = train.train_and_evaluate(run, workdir)
+    if steps < run.loop.num_train_steps:
+        raise preemption.Preempted(
+            f"preempted during {name}'s pretraining: saved step {steps} of "
+            f"{run.loop.num_train_steps} in {workdir}; rerun the same command to continue"
+        )
     if jax.process_index() != 0:
         return None
     lines = [row for _, row in sorted(metric_logging.read_metrics(workdir).items())]
@@ -78,21 +85,25 @@ def pretrain(config, workdir: str) -> dict | None:
         "num_decoder_layers": run.model.num_decoder_layers if run.objective != "mlm" else 0,
         "mask_rate": run.masking.mask_rate,
         "pretraining_params": params,
-        "flops": flop_count.step_flops(run, params) * run.loop.num_train_steps,
-        "tokens": run.loop.num_train_steps * run.batch_size * run.seq_len,
+        "steps": steps,  # what the checkpoint holds, read back from it
+        "flops": flop_count.step_flops(run, params) * steps,
+        "tokens": steps * run.batch_size * run.seq_len,
         "tokens_per_sec": statistics.median(rates[1:] or rates) if rates else None,
         "final_eval_loss": evals[-1] if evals else None,
     }
 
 
-def export(workdir: str, out: str, fresh_runtime: bool) -> dict:
+def export(workdir: str, out: str, step: int, fresh_runtime: bool) -> dict:
+    """The pretraining's last step, named: never an older checkpoint that happens to be the
+    newest usable one (the last moved aside as damaged)."""
     if not os.path.isfile(os.path.join(out, "config.json")):  # else: done, marker lost
         if fresh_runtime:
-            hosts.run_command("export", f"--workdir={workdir}", f"--output_dir={out}")
+            args = (f"--workdir={workdir}", f"--output_dir={out}", f"--step={step}")
+            hosts.run_command("export", *args)
         else:
             from maelm_jax.hf.export import export as export_checkpoint
 
-            export_checkpoint(workdir, out)
+            export_checkpoint(workdir, out, step)
     from safetensors import safe_open
 
     with safe_open(os.path.join(out, "model.safetensors"), "np") as f:
@@ -121,16 +132,20 @@ def finetune(study: Study, row: str, export_dir: str, out: str, init: str) -> di
     }
 
 
-def rank(workdir: str, out: str, num_tokens: int, fresh_runtime: bool) -> dict:
+def rank(
+    workdir: str, out: str, step: int, dataset: str, num_tokens: int, fresh_runtime: bool
+) -> dict:
+    """The eval split of `dataset` as the study names it now, not as the checkpoint stored
+    it: a study folder moved with its checkpoints has its corpus at the new path."""
     if fresh_runtime:
-        args = (f"--workdir={workdir}", f"--output_dir={out}", f"--num_tokens={num_tokens}")
-        hosts.run_command("analysis", *args)
+        args = (f"--workdir={workdir}", f"--output_dir={out}", f"--step={step}")
+        hosts.run_command("analysis", *args, f"--dataset={dataset}", f"--num_tokens={num_tokens}")
         with open(os.path.join(out, "rank.json")) as f:
             result = json.load(f)
     else:
         from maelm_jax.inspection import representation_rank
 
-        result = representation_rank.run(workdir, out, None, num_tokens, None)
+        result = representation_rank.run(workdir, out, step, num_tokens, None, dataset)
     no_mask = result["conditions"]["no_mask"]
     return {
         "last_layer_entropy_rank": no_mask["entropy"][-1],
@@ -225,26 +240,30 @@ def run_all(study: Study, study_dir: str) -> dict | None:
             study_dir,
             name,
             "pretrain",
-            lambda c=config, n=name: pretrain(c, study.workdir(study_dir, n)),
+            lambda c=config, n=name: pretrain(c, study.workdir(study_dir, n), n),
             together=True,
         )
         for name, config in configs.items()
     }
-    fresh_runtime = hosts.many()  # process 0 alone after this, in the pod's JAX runtime
-    if fresh_runtime and not hosts.leave_job():
+    # Process 0 alone after this. In a pod's JAX runtime (its process count the pod's) the
+    # export and rank run as commands; a job of one process (`--num_processes=1`) leaves
+    # its job too, then hands its accelerator over as any lone process does.
+    fresh_runtime = hosts.many()
+    if hosts.joined() and not hosts.leave_job():
         return None
     hand_over_the_accelerator()
     rows = {}
     for name in configs:
         base = os.path.join(study_dir, name)
         workdir, export_dir = study.workdir(study_dir, name), study.export_dir(study_dir, name)
+        steps = configs[name].num_train_steps
         rows[name] = {
             "pretrain": pretrained[name],
             "export": once(
                 study_dir,
                 name,
                 "export",
-                lambda w=workdir, e=export_dir: export(w, e, fresh_runtime),
+                lambda w=workdir, e=export_dir, s=steps: export(w, e, s, fresh_runtime),
             ),
             "finetune": once(
                 study_dir,
@@ -258,8 +277,8 @@ def run_all(study: Study, study_dir: str) -> dict | None:
                 study_dir,
                 name,
                 "rank",
-                lambda w=workdir, b=base: rank(
-                    w, os.path.join(b, "rank"), study.rank_tokens, fresh_runtime
+                lambda w=workdir, b=base, s=steps, d=configs[name].dataset: rank(
+                    w, os.path.join(b, "rank"), s, d, study.rank_tokens, fresh_runtime
                 ),
             ),
         }

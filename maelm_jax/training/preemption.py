@@ -11,6 +11,10 @@ SIGINT), so a script can tell a run stopped by hand from a finished one (exit 0,
 preemption, which the launcher reruns). A second Ctrl-C, for someone who will not wait for
 the save, ends the process at once (the checkpoints already committed stay good; the one
 being written is never committed).
+
+A caller that goes on after training (`study`'s next stage) must not take a preempted run
+for a finished one: `train_and_evaluate` returns the step it stopped at, and `Preempted`
+is what such a caller raises when that step is short of the last.
 """
 
 import os
@@ -22,10 +26,16 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 EXIT_INTERRUPTED = 130
+# The shell's 128 + SIGTERM: a study stopped by a preemption, its progress saved.
+EXIT_PREEMPTED = 143
 
 
 class Interrupted(Exception):
     """Ctrl-C stopped the run before its last step, after its checkpoint was saved."""
+
+
+class Preempted(Exception):
+    """A preemption stopped training before its last step, after its checkpoint was saved."""
 
 
 class PreemptionWatcher:

@@ -12,10 +12,10 @@ from maelm_jax.checkpoints.params import load_params
 from maelm_jax.config import paths
 from maelm_jax.config.run_config import ConfigError, RunConfig
 from maelm_jax.data import batches, input_pipeline, unigram
-from maelm_jax.hardware import multihost
+from maelm_jax.hardware import handover, multihost
 from maelm_jax.inspection import fill_in
 from maelm_jax.step import programs, sharding
-from maelm_jax.training import metric_logging, profile_window, telemetry
+from maelm_jax.training import memory_fit, metric_logging, profile_window, telemetry
 from maelm_jax.training.preemption import Interrupted, PreemptionWatcher
 
 
@@ -138,15 +138,17 @@ def _restore_or_initialize(run: RunConfig, progs, checkpointer, data_position, t
     return state
 
 
-def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
+def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> int:
     """Trains `run` in `workdir` (created if needed); every process runs the same call.
 
-    Rerunning with the same workdir resumes from the newest good checkpoint. Raises
-    `Interrupted` once Ctrl-C has saved a checkpoint and stopped it before its last step.
+    Rerunning with the same workdir resumes from the newest good checkpoint. Returns the
+    step it stopped at: `run.loop.num_train_steps`, or fewer after a preemption (SIGTERM,
+    saved). Raises `Interrupted` once Ctrl-C has saved a checkpoint and stopped it early.
     """
     # Random bits computed shard-locally, so masks and dropout never gather across devices
     # (the default in current JAX; pinned because the data path relies on it).
     jax.config.update("jax_threefry_partitionable", True)
+    handover.check_not_handed_over(f"training in {workdir}")
     workdir = paths.path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     process_index, process_count = jax.process_index(), jax.process_count()
@@ -170,6 +172,7 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
 
     # --- Programs and state: born sharded, or restored into the same shardings. ---
     progs = programs.build(run, mesh, tokenizer.vocab_size)
+    memory_fit.check(run, progs)  # compiles both programs; too big for a device: one line
     checkpointer = checkpointing.Checkpointer(run, workdir, tokenizer)
     state = _restore_or_initialize(run, progs, checkpointer, data_position, tokenizer)
     start_step = int(jax.device_get(state.step))
@@ -258,3 +261,4 @@ def train_and_evaluate(run: RunConfig, workdir: str | os.PathLike) -> None:
             f"interrupted (SIGINT): saved a checkpoint at step {stopped} and stopped; rerun "
             "the same command to continue"
         )
+    return stopped

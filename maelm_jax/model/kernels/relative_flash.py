@@ -4,17 +4,17 @@ Why: cuDNN takes the relative bias only as a [B, N, T, S] array, and the MAE-LM 
 per example (the kept tokens' distances differ). On an H200 at mae_lm_base's encoder shape
 (64 x 12 x 435 x 435, dropout 0.1), cuDNN reading that array cost 0.46 ms a layer and writing
 its gradient 0.43 ms, and making it and summing its gradient cost more outside the layer
-(docs/results.md, "a fifth lease"). Here no array of the scores' size exists in either pass:
-each score's bias is looked up in the [buckets, N] table by an int8 code per (example,
+(docs/results.md, one H200, 2026-11-27 09:45). Here no array of the scores' size exists in
+either pass: each score's bias is looked up in the [buckets, N] table by an int8 code per (example,
 query, key) that every head and kernel shares (`bucket_codes`; it marks hidden keys too),
 and the table's gradient is summed per key block inside the backward kernel.
 
-What it measured (docs/results.md, "a sixth lease"): 4.1 ms a layer against cuDNN's 2.8 to
-3.2 with the bias, and mae_lm_base's step 102.2 ms against 96.0. Of those 4.1 ms, 1.0 to 1.3
-go to the per-bucket sums of the table's gradient: up to ~57 passes over a diagonal
-block's tile. The forward pass is 1.0 to 1.3 ms. So `model.relative_bias_impl` "auto" stays
-on the dense bias. Also, jax 0.11 deprecates Pallas's Triton backend for Mosaic GPU, where a
-next version would go.
+What it measured (docs/results.md, one H200, 2026-11-27 11:06): 4.1 ms a layer against
+cuDNN's 2.8 to 3.2 with the bias, and mae_lm_base's step 102.2 ms against 96.0. Of those
+4.1 ms, 1.0 to 1.3 go to the per-bucket sums of the table's gradient: up to ~57 passes over
+a diagonal block's tile. The forward pass is 1.0 to 1.3 ms. So `model.relative_bias_impl`
+"auto" stays on the dense bias. Also, jax 0.11 deprecates Pallas's Triton backend for Mosaic
+GPU, where a next version would go.
 
 What the kernel computes is `attention._attend_block` with a `RelativeBias`: scores
 q k^T / sqrt(H) + table[bucket(key position - query position)], a key visible iff its
