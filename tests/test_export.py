@@ -214,3 +214,144 @@ def test_cli_refuses_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("maelm_jax.export: error: output_dir=")
     assert "Traceback" not in proc.stderr
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+# --- Fine-tuning heads: question answering, and no fill-mask without an LM head -------------
+
+
+def _batch(trained):
+    """The parity batch as torch (ids [B, T] int64, attention mask [B, T] bool)."""
+    import torch
+
+    ids = export.parity_batch(trained)
+    return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(ids != trained.tokenizer.pad_id)
+
+
+def _cross_entropy(logits: np.ndarray, positions: np.ndarray) -> float:
+    """Mean -log softmax(logits)[position] over the rows whose position lies in the window."""
+    keep = positions < logits.shape[1]
+    rows = logits[keep] - logits[keep].max(1, keepdims=True)
+    log_probs = rows - np.log(np.exp(rows).sum(1, keepdims=True))
+    return float(-log_probs[np.arange(keep.sum()), positions[keep]].mean())
+
+
+def test_question_answering_runs_a_relative_bias_export_on_its_own_encoder(exports):
+    """`AutoModelForQuestionAnswering` with remote code, as `run_qa.py` builds it: the same
+    encoder numbers as `AutoModel`, a linear start/end head on every position, and the loss
+    (CE_start + CE_end) / 2 with positions outside the window ignored."""
+    import torch
+    from transformers import AutoModel, AutoModelForQuestionAnswering
+
+    result, trained = exports["mae_lm"]
+    qa = AutoModelForQuestionAnswering.from_pretrained(result.output_dir, trust_remote_code=True)
+    base = AutoModel.from_pretrained(result.output_dir, trust_remote_code=True)
+    assert type(qa).__name__ == "MaelmForQuestionAnswering"
+    ids, valid = _batch(trained)
+    b, t = ids.shape
+    starts = torch.tensor([1, 0, t + 3, 2, 5])[:b]  # t + 3: outside the window, ignored
+    ends = torch.tensor([[3], [0], [4], [t], [6]])[:b]  # [B, 1], as a data collator may give
+    with torch.no_grad():
+        hidden = base.eval()(ids, attention_mask=valid).last_hidden_state
+        out = qa.eval()(ids, attention_mask=valid, start_positions=starts, end_positions=ends)
+        torch.testing.assert_close(
+            qa.roberta(ids, attention_mask=valid).last_hidden_state, hidden, rtol=0, atol=0
+        )
+        w, bias = qa.qa_outputs.weight, qa.qa_outputs.bias
+        assert w.shape == (2, hidden.shape[-1])
+        assert out.start_logits.shape == out.end_logits.shape == (b, t)
+        torch.testing.assert_close(out.start_logits, hidden @ w[0] + bias[0])
+        torch.testing.assert_close(out.end_logits, hidden @ w[1] + bias[1])
+    start, end = out.start_logits.numpy(), out.end_logits.numpy()
+    expected = (_cross_entropy(start, starts.numpy()) + _cross_entropy(end, ends.numpy()[:, 0])) / 2
+    assert abs(float(out.loss) - expected) < 1e-5, (float(out.loss), expected)
+
+
+def test_load_for_question_answering_pretrained_and_random(exports):
+    """The loader a fine-tuning loop calls: the export's encoder under a fresh span head
+    (`pretrained`), or the same class fresh (`random`); the recipe's dropout on both."""
+    from transformers import AutoModel
+
+    from maelm_jax.hf import task_model
+
+    expected = {"mae_lm": "MaelmForQuestionAnswering", "3ml_cross": "RobertaForQuestionAnswering"}
+    for kind, name in expected.items():
+        path = exports[kind][0].output_dir
+        base = AutoModel.from_pretrained(path, trust_remote_code=kind == "mae_lm").state_dict()
+        pretrained = task_model.load_for_question_answering(path, "pretrained", 0.2, 0.3)
+        random = task_model.load_for_question_answering(path, "random")
+        for model in (pretrained, random):
+            assert type(model).__name__ == name, kind
+        assert pretrained.config.hidden_dropout_prob == 0.2
+        assert pretrained.config.attention_probs_dropout_prob == 0.3
+        assert random.config.hidden_dropout_prob == 0.1
+        encoder = pretrained.roberta.state_dict()
+        assert encoder.keys() <= base.keys()
+        for key, value in encoder.items():
+            assert np.array_equal(value.numpy(), base[key].numpy()), (kind, key)
+        word = "embeddings.word_embeddings.weight"
+        assert not np.array_equal(random.roberta.state_dict()[word].numpy(), base[word].numpy())
+
+
+def test_load_for_question_answering_refuses_in_one_line(exports, tmp_path):
+    from maelm_jax.hf import task_model
+
+    path = exports["mae_lm"][0].output_dir
+    with pytest.raises(ConfigError, match=r"^init='scratch'; allowed: pretrained, random$"):
+        task_model.load_for_question_answering(path, "scratch")
+    old = tmp_path / "old_export"  # written before the export's code had a QA class
+    shutil.copytree(path, old)
+    config = json.loads((old / "config.json").read_text())
+    del config["auto_map"]["AutoModelForQuestionAnswering"]
+    (old / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"has no AutoModelForQuestionAnswering.*re-export") as e:
+        task_model.load_for_question_answering(str(old))
+    assert "\n" not in str(e.value)
+
+
+def test_a_modern_export_answers_questions_with_transformers_own_class(tmp_path):
+    """ModernBERT exports use `ModernBertForQuestionAnswering` (transformers >= 4.48), no
+    remote code: a directory as modern_convert writes it, with random encoder weights."""
+    from tiny_configs import tiny_config
+    from transformers import ModernBertConfig, ModernBertModel
+
+    from maelm_jax.config import configdict
+    from maelm_jax.hf import modern_convert, task_model
+
+    overrides = {"backbone": "modern", "num_layers": 3, "local_attention": 8}
+    cfg = configdict.freeze(tiny_config(**overrides)).model
+    saved = modern_convert.hf_config(cfg, 300, with_lm_head=False)
+    model = ModernBertModel(ModernBertConfig(**saved))
+    model.save_pretrained(tmp_path)
+    qa = task_model.load_for_question_answering(str(tmp_path), "pretrained", 0.2, 0.3)
+    assert type(qa).__name__ == "ModernBertForQuestionAnswering"
+    assert qa.config.classifier_dropout == 0.2 and qa.config.attention_dropout == 0.3
+    mine = model.state_dict()
+    for key, value in qa.model.state_dict().items():
+        assert np.array_equal(value.numpy(), mine[key].numpy()), key
+
+
+def test_an_encoder_only_export_refuses_masked_lm_instead_of_a_random_head(exports):
+    """An MAE-LM export has no LM head (its encoder never predicted tokens): `auto_map` leaves
+    `AutoModelForMaskedLM` out, so it and fill-mask stop instead of predicting from a freshly
+    initialised head; an MLM export with the bias keeps the entry. The model card says why."""
+    from transformers import AutoModelForMaskedLM, pipeline
+
+    from maelm_jax.hf import convert as hf_convert
+
+    result, trained = exports["mae_lm"]
+    config = json.loads((epath.Path(result.output_dir) / "config.json").read_text())
+    assert "AutoModelForMaskedLM" not in config["auto_map"]
+    assert config["auto_map"]["AutoModelForQuestionAnswering"] == (
+        "modeling_maelm.MaelmForQuestionAnswering"
+    )
+    with pytest.raises(ValueError, match=r"MaelmConfig.*AutoModelForMaskedLM"):
+        AutoModelForMaskedLM.from_pretrained(result.output_dir, trust_remote_code=True)
+    with pytest.raises(ValueError):
+        pipeline("fill-mask", model=result.output_dir, trust_remote_code=True)
+    card = (epath.Path(result.output_dir) / "README.md").read_text()
+    assert "No fill-mask" in card and "leaves `AutoModelForMaskedLM` out" in card
+    assert (
+        "No fill-mask" not in (epath.Path(exports["mlm"][0].output_dir) / "README.md").read_text()
+    )
+    mlm_with_bias = hf_convert.hf_config(trained.model_config, 300, with_lm_head=True)
+    assert mlm_with_bias["auto_map"]["AutoModelForMaskedLM"] == "modeling_maelm.MaelmForMaskedLM"

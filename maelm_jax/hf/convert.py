@@ -127,14 +127,26 @@ def hf_config(model_config: ModelConfig, vocab_size: int, with_lm_head: bool) ->
         relative_attention_num_buckets=cfg.relative_attention_buckets,
         relative_attention_max_distance=cfg.relative_attention_max_distance,
         relative_attention_bucket_table=[int(b) for b in table],
-        auto_map={
-            "AutoConfig": "modeling_maelm.MaelmConfig",
-            "AutoModel": "modeling_maelm.MaelmModel",
-            "AutoModelForMaskedLM": "modeling_maelm.MaelmForMaskedLM",
-            "AutoModelForSequenceClassification": "modeling_maelm.MaelmForSequenceClassification",
-        },
+        auto_map=auto_map(with_lm_head),
     )
     return config
+
+
+def auto_map(with_lm_head: bool) -> dict[str, str]:
+    """The relative-bias export's `auto_map`: the transformers auto classes its shipped code
+    serves. `AutoModelForMaskedLM` only with an LM head: an MAE-LM or 3ML encoder never
+    predicted tokens (the decoder did), and the entry would let fill-mask predict from a
+    freshly initialised head with only a warning. Without it, `from_pretrained(...,
+    trust_remote_code=True)` stops with "Unrecognized configuration class ... MaelmConfig"."""
+    classes = {
+        "AutoConfig": "MaelmConfig",
+        "AutoModel": "MaelmModel",
+        "AutoModelForSequenceClassification": "MaelmForSequenceClassification",
+        "AutoModelForQuestionAnswering": "MaelmForQuestionAnswering",
+    }
+    if with_lm_head:
+        classes["AutoModelForMaskedLM"] = "MaelmForMaskedLM"
+    return {auto: f"modeling_maelm.{name}" for auto, name in classes.items()}
 
 
 def layers_of(encoder_params: dict, num_layers: int, scanned: bool) -> list[dict]:

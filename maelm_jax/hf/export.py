@@ -155,6 +155,28 @@ def _model_card(trained, hf_class: str, result_json: dict, remote_code: bool) ->
         else "encoder only: the decoder and the LM head, trained on the decoder's outputs, "
         "were pretraining devices and are dropped"
     )
+    fine_tune = (
+        f"- Fine-tune: `AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering`"
+        f" (start/end head, `run_qa.py`){' with ' + load if load else ''}: a fresh head on "
+        "the pretrained encoder.\n"
+    )
+    no_fill_mask = (
+        ""
+        if c.objective == "mlm"
+        else "- No fill-mask: this encoder never predicted tokens (its decoder did), so there is "
+        "no LM head to export, and `AutoModelForMaskedLM` / `pipeline('fill-mask')` would "
+        "predict from a freshly initialised head. "
+        + (
+            "The export's `auto_map` leaves `AutoModelForMaskedLM` out, so with "
+            '`trust_remote_code=True` it stops with "Unrecognized configuration class ... '
+            'MaelmConfig" (without remote code transformers builds a plain `RobertaForMaskedLM`: '
+            "no relative bias, random head)."
+            if remote_code
+            else "transformers still builds one (its own class for this `model_type`) and only "
+            "warns that the head's weights are newly initialized: do not use it."
+        )
+        + "\n"
+    )
     return f"""# maelm_jax export: {_kind(c)}, step {trained.step}
 
 - Objective: `{c.objective}` (decoder `{c.model.decoder}`), exported as `{hf_class}`.
@@ -165,7 +187,7 @@ def _model_card(trained, hf_class: str, result_json: dict, remote_code: bool) ->
   hidden {result_json["max_abs_diff_hidden"]:.3g}, logits {result_json["max_abs_diff_logits"]}.
 - Load: `AutoModel.from_pretrained(path{", " + load if load else ""})`,
   `AutoTokenizer.from_pretrained(path)`. Inputs are one document per row (`<s> ... </s>`).
-
+{fine_tune}{no_fill_mask}
 ## Model config
 
 ```json

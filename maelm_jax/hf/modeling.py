@@ -5,10 +5,11 @@ encoder uses the relative position bias, which no native HuggingFace class repre
 exactly (MPNet's bias uses T5's bucket function, see docs/export.md). It imports only torch and
 transformers, never maelm_jax: the export must load where maelm_jax is not installed.
 
-Everything but the bias is RoBERTa's own modules (embeddings, layers, LM and classification
-heads), so parameter names and numerics are `RobertaModel`'s. The bias is looked up in the
-bucket table stored in config.json (`relative_attention_bucket_table`, computed by maelm_jax
-at export): entry `d + max_positions - 1` is the bucket of offset `key - query = d`.
+Everything but the bias is RoBERTa's own modules (embeddings, layers, LM, classification and
+span heads), so parameter names and numerics are `RobertaModel`'s (`qa_outputs` is
+`RobertaForQuestionAnswering`'s, as `run_qa.py` expects). The bias is looked up in the bucket
+table stored in config.json (`relative_attention_bucket_table`, computed by maelm_jax at
+export): entry `d + max_positions - 1` is the bucket of offset `key - query = d`.
 
 The sequence classifier reads only `<s>`, so its last layer runs the query, the attention
 output and the MLP at position 0 alone (`first_token_layer`): the same numbers at position 0,
@@ -21,6 +22,7 @@ from transformers import RobertaConfig
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
 )
 from transformers.models.roberta.modeling_roberta import (
@@ -238,3 +240,42 @@ class MaelmForSequenceClassification(MaelmPreTrainedModel):
         if not return_dict:
             return (logits,) if loss is None else (loss, logits)
         return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+class MaelmForQuestionAnswering(MaelmPreTrainedModel):
+    """Extractive QA (SQuAD): a linear start/end head on every position, as
+    `RobertaForQuestionAnswering` (`qa_outputs`, hidden -> 2). Logits [B, T] each; the loss is
+    (CE_start + CE_end) / 2, positions outside [0, T) clamped to T and ignored, as there."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.roberta = MaelmModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        start_positions=None,
+        end_positions=None,
+        return_dict=True,
+        **kwargs,
+    ):
+        hidden = self.roberta(input_ids, attention_mask=attention_mask).last_hidden_state
+        start_logits, end_logits = self.qa_outputs(hidden).unbind(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start_logits.size(1)
+            start = start_positions.reshape(-1).clamp(0, ignored)
+            end = end_positions.reshape(-1).clamp(0, ignored)
+            loss = (
+                nn.functional.cross_entropy(start_logits, start, ignore_index=ignored)
+                + nn.functional.cross_entropy(end_logits, end, ignore_index=ignored)
+            ) / 2
+        if not return_dict:
+            out = (start_logits, end_logits)
+            return out if loss is None else (loss, *out)
+        return QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits
+        )
