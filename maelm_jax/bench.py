@@ -21,7 +21,7 @@ chips' peak; `kernels`: a `jax.profiler` trace of `--steps` steps of each config
 step, summed up by kernel (GPU) or XLA op (CPU) and by category (matmul, attention,
 scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/profiling/`). FLOPs
 per step by method and region: `python -m maelm_jax.flops`. `finetune`: the PyTorch GLUE
-fine-tuning step (glue/training.py) of a random-init relative-bias export, the loop before
+fine-tuning step (finetuning/training.py) of a random-init relative-bias export, the loop before
 issue #63 and each change since, cumulatively (`maelm_jax/benchmarks/finetune_speed.py`).
 """
 

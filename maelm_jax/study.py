@@ -19,7 +19,8 @@ from absl import app, flags, logging
 
 from maelm_jax.config import cli
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue import readers, recipe, tasks
+from maelm_jax.finetuning import recipe
+from maelm_jax.glue import readers, tasks
 from maelm_jax.hardware import distributed
 from maelm_jax.studies import presets
 
@@ -173,7 +174,7 @@ def main(argv):
 
 
 def _run(study) -> None:
-    from maelm_jax.glue.search import load_data
+    from maelm_jax.finetuning.search import load_data
     from maelm_jax.studies import hosts, plan, report, stages
 
     # Bad or missing data is refused before pretraining; process 0 alone fine-tunes, so it

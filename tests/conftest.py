@@ -74,6 +74,7 @@ SLOW_MODULES = {
     "test_study_resume.py",
     "test_bench.py",
     "test_finetune.py",  # trains the shared tiny checkpoints (about 130 s)
+    "test_squad_finetune.py",  # trains its own tiny checkpoint, then SQuAD runs (about 4 min)
     "test_export.py",
     "test_analysis.py",
     "test_modern_export.py",

@@ -20,9 +20,10 @@ from transformers import AutoModel, AutoModelForSequenceClassification
 
 from maelm_jax.benchmarks import finetune_speed
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue import classifier, model_slot, search, tasks, training
+from maelm_jax.finetuning import model_slot, search, training
+from maelm_jax.finetuning.recipe import Recipe
+from maelm_jax.glue import classifier, tasks
 from maelm_jax.glue.readers import Example
-from maelm_jax.glue.recipe import Recipe
 from maelm_jax.hf import export
 
 # Toy models run faster on one thread, and the suite's two workers share two cores.

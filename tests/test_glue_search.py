@@ -1,4 +1,4 @@
-"""A fine-tuning search's folder (`maelm_jax/glue/search.py`): what a rerun into it is told,
+"""A fine-tuning search's folder (`maelm_jax/finetuning/search.py`): what a rerun into it is told,
 and which spec.json it accepts. No model runs here: the specs are the dicts `run_search` builds
 (test_finetune.py runs whole searches)."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue import search
-from maelm_jax.glue.model_slot import LoopOptions
-from maelm_jax.glue.recipe import QUICK
+from maelm_jax.finetuning import search
+from maelm_jax.finetuning.model_slot import LoopOptions
+from maelm_jax.finetuning.recipe import QUICK
 
 CPU = torch.device("cpu")
 

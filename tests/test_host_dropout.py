@@ -1,4 +1,4 @@
-"""Dropout masks cut from blocks of random words (`maelm_jax/glue/host_dropout.py`): the rate,
+"""Dropout masks cut from blocks of random words (`maelm_jax/finetuning/host_dropout.py`): the rate,
 the scale, every quarter of a word, the seed, and a fine-tuning run that depends on its own
 seed alone when a search reuses one model."""
 
@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from maelm_jax.benchmarks import finetune_speed
-from maelm_jax.glue import classifier, host_dropout, model_slot, tasks, training
-from maelm_jax.glue.recipe import Recipe
+from maelm_jax.finetuning import host_dropout, model_slot, training
+from maelm_jax.finetuning.recipe import Recipe
+from maelm_jax.glue import classifier, tasks
 
 torch.set_num_threads(1)
 

@@ -34,8 +34,9 @@ LAYERS = (
     ("config.configdict", "config.defaults"),  # the ConfigDict read, checked and frozen
     ("step",),  # what a train step is made of: state, update, optimizer, mesh, programs
     ("checkpoints", "aot"),  # the state on disk; the step compiled for a TPU topology
-    # a checkpoint read back; HF export; GLUE and SQuAD on an export
+    # a checkpoint read back; HF export; GLUE's and SQuAD's data, metrics and scoring
     ("inspection", "hf", "glue", "squad"),
+    ("finetuning",),  # an export fine-tuned on either family: the search, the loop, the recipe
     ("training",),  # the loop, its trace window and `bench speed`
     ("profiling",),  # where the loop's step spends time: the kernel table times the loop's step
     ("studies",),  # the papers' comparison: pretrain, export, fine-tune, measure

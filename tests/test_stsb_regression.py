@@ -3,7 +3,7 @@ generous budget (init_std 0.1, lr 3e-3, 1500 steps, one seed), not at the study'
 
 At the CPU study's scale every row's STS-B cross-encoder predicts the labels' mean (docs/
 results.md, "STS-B at the study's scale, understood"). This holds the other half of that
-finding: the project's fine-tuning (`glue/training.py`'s `fine_tune`, the export loaded by
+finding: the project's fine-tuning (`finetuning/training.py`'s `fine_tune`, the export loaded by
 `glue/classifier.py` as the study's random-init row loads it, MSE on the `<s>` head, scored
 by `glue/metrics.py`) does learn regression on sentence pairs when the budget lets it. The
 task: two sentences of six distinct words each, scored 5 x (the share of the first's words
@@ -28,7 +28,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from maelm_jax.glue import classifier, tasks, training
+from maelm_jax.finetuning import training
+from maelm_jax.glue import classifier, tasks
 from maelm_jax.hf import convert as hf_convert
 from maelm_jax.hf import export, modeling
 

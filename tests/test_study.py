@@ -19,7 +19,7 @@ from tiny_configs import REPO_ROOT, tiny_config
 from maelm_jax.config import configdict
 from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
 from maelm_jax.data import documents, preparation
-from maelm_jax.glue.recipe import Recipe
+from maelm_jax.finetuning.recipe import Recipe
 from maelm_jax.glue.tasks import TASKS
 from maelm_jax.studies import plan, task_text
 

@@ -13,8 +13,8 @@ from tiny_configs import REPO_ROOT, tiny_config
 from maelm_jax import study
 from maelm_jax.config import cli, configdict
 from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
-from maelm_jax.glue import search
-from maelm_jax.glue.recipe import Recipe
+from maelm_jax.finetuning import search
+from maelm_jax.finetuning.recipe import Recipe
 from maelm_jax.glue.tasks import TASKS
 from maelm_jax.studies import plan, presets, resume
 

@@ -8,7 +8,7 @@ import shutil
 
 from test_study import CONFIG, _one_line, _sst2, _study
 
-from maelm_jax.glue import search
+from maelm_jax.finetuning import search
 
 
 def _mtimes(paths) -> dict:

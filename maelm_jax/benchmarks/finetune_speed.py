@@ -11,7 +11,7 @@ a CPU), and on CUDA the kernel launches and blocking syncs a step
 synchronous-copy calls).
 
 `reference_steps` and `use_reference_encoder` are the loop and the bias code as they were
-(glue/training.py and hf/modeling.py before the change), kept to time them and to check that
+(finetuning/training.py and hf/modeling.py before the change), kept to time them and to check that
 the new loop's losses are theirs (tests/test_finetune.py).
 """
 
@@ -25,9 +25,9 @@ import warnings
 
 import numpy as np
 
-from maelm_jax.glue import training
-from maelm_jax.glue.model_slot import LoopOptions, ModelSlot
-from maelm_jax.glue.training import Encoded, RunSpec
+from maelm_jax.finetuning import training
+from maelm_jax.finetuning.model_slot import LoopOptions, ModelSlot
+from maelm_jax.finetuning.training import Encoded, RunSpec
 
 CHECK_EVERY = 25  # the new loop reads its loss once per this many steps: a profile window
 HOST_DROPOUT = "+ host dropout masks"  # CPU only
@@ -81,7 +81,7 @@ def use_reference_encoder(model) -> None:
 
 
 def reference_steps(model, task, train: Encoded, spec: RunSpec, pad_id, device, subset, rng):
-    """glue/training.py's step loop before issue #63, a generator like `train_steps`: each
+    """finetuning/training.py's step loop before issue #63, a generator like `train_steps`: each
     batch padded on the host and copied, AdamW per tensor, the loss read every step."""
     import torch
 

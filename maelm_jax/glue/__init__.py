@@ -1,2 +1,2 @@
-"""GLUE fine-tuning of an export in PyTorch: the tasks as GLUE ships them, their metrics,
-the recipe's grid over seeds, and the report (`python -m maelm_jax.finetune`)."""
+"""GLUE as the papers fine-tune on it: the tasks as GLUE ships them, their readers and
+metrics, and the sequence classifier an export becomes (`maelm_jax/finetuning/` runs them)."""

@@ -1,68 +1,20 @@
 """An export as transformers' sequence classifier, pretrained or at random init (the control).
 
-The class is whatever `AutoModelForSequenceClassification` picks for the export, so every
-export kind fine-tunes unchanged: `RobertaForSequenceClassification`, the remote-code
+The class is whatever `AutoModelForSequenceClassification` picks for the export
+(`hf/task_model.py` builds it, as it builds SQuAD's question-answering model), so every export
+kind fine-tunes unchanged: `RobertaForSequenceClassification`, the remote-code
 `MaelmForSequenceClassification` (relative bias) and native `ModernBertForSequenceClassification`.
-Remote code is trusted only where the export ships it (`auto_map` in config.json, written by
-our exporter). Fine-tuning dropout is the recipe's, not pretraining's: the demo pretrains
-without dropout, and its export's config says so.
+The export's config, tokenizer and positions are read there too (re-exported here, where GLUE's
+callers name them).
 """
 
-import json
-import os
-
-from maelm_jax.config.run_config import ConfigError
-
-INITS = ("pretrained", "random")
-# Where each config family keeps its dropout rates (the recipe sets them all).
-_DROPOUT_KEYS = {
-    "modernbert": ("embedding_dropout", "mlp_dropout", "classifier_dropout"),
-    "default": ("hidden_dropout_prob",),
-}
-_ATTENTION_DROPOUT_KEYS = {
-    "modernbert": ("attention_dropout",),
-    "default": ("attention_probs_dropout_prob",),
-}
-
-
-def export_config(export_dir: str, flag: str = "--export") -> dict:
-    """config.json of an export; ConfigError naming the folder (as `flag` gave it) if it is
-    not one."""
-    path = os.path.join(export_dir, "config.json")
-    weights = [
-        n
-        for n in ("model.safetensors", "pytorch_model.bin")
-        if os.path.isfile(os.path.join(export_dir, n))
-    ]
-    if not os.path.isdir(export_dir) or not os.path.isfile(path) or not weights:
-        raise ConfigError(
-            f"{flag}={export_dir}: not a HuggingFace export (needs config.json and "
-            "model.safetensors, as `python -m maelm_jax.export` writes them)"
-        )
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{flag}={export_dir}: config.json unreadable ({e})") from None
-
-
-def needs_remote_code(export_dir: str) -> bool:
-    return "auto_map" in export_config(export_dir)
-
-
-def tokenizer(export_dir: str):
-    """The export's own fast tokenizer (plain `tokenizer.json`, no code). `AutoTokenizer`
-    reads config.json first: today's exports say `"model_type": "roberta"` and load without
-    remote code, but relative-bias exports written before 2026-11-28 name a config type only
-    their shipped code defines, and transformers would stop to ask before importing it. So
-    the tokenizer gets the same `trust_remote_code` as the model."""
-    from transformers import AutoTokenizer
-
-    if not os.path.isfile(os.path.join(export_dir, "tokenizer.json")):
-        raise ConfigError(f"--export={export_dir}: no tokenizer.json (not an export of ours?)")
-    return AutoTokenizer.from_pretrained(
-        export_dir, trust_remote_code=needs_remote_code(export_dir)
-    )
+from maelm_jax.hf.task_model import (  # noqa: F401 (GLUE's callers' names for them)
+    INITS,
+    export_config,
+    needs_remote_code,
+    task_model,
+    tokenizer,
+)
 
 
 def classifier(
@@ -73,32 +25,17 @@ def classifier(
     attention_dropout: float,
 ):
     """`AutoModelForSequenceClassification` on the export: its encoder with a fresh head
-    (`pretrained`), or the same architecture entirely fresh (`random`), as transformers
-    initialises it."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
-    if init not in INITS:
-        raise ConfigError(f"init={init!r}; allowed: {', '.join(INITS)}")
-    remote = needs_remote_code(export_dir)
-    config = AutoConfig.from_pretrained(export_dir, trust_remote_code=remote)
-    config.num_labels = num_labels
-    config.problem_type = "regression" if num_labels == 1 else "single_label_classification"
-    family = "modernbert" if config.model_type == "modernbert" else "default"
-    for key in _DROPOUT_KEYS[family]:
-        setattr(config, key, dropout)
-    for key in _ATTENTION_DROPOUT_KEYS[family]:
-        setattr(config, key, attention_dropout)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # "newly initialized: classifier.*" is the point here
-    try:
-        if init == "random":
-            return AutoModelForSequenceClassification.from_config(config, trust_remote_code=remote)
-        return AutoModelForSequenceClassification.from_pretrained(
-            export_dir, config=config, trust_remote_code=remote
-        )
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    (`pretrained`), or the same architecture entirely fresh (`random`); one label is STS-B's
+    regression."""
+    return task_model(
+        "AutoModelForSequenceClassification",
+        export_dir,
+        init,
+        dropout,
+        attention_dropout,
+        num_labels=num_labels,
+        problem_type="regression" if num_labels == 1 else "single_label_classification",
+    )
 
 
 def read_first_token_only(model) -> bool:

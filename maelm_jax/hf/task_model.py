@@ -33,18 +33,55 @@ AUTO_CLASSES = {
 }
 
 
-def _export_config(export_dir: str) -> dict:
+def export_config(export_dir: str, flag: str = "--export") -> dict:
+    """config.json of an export; ConfigError naming the folder (as `flag` gave it) if it is
+    not one."""
     path = os.path.join(export_dir, "config.json")
-    if not os.path.isfile(path):
+    weights = [
+        n
+        for n in ("model.safetensors", "pytorch_model.bin")
+        if os.path.isfile(os.path.join(export_dir, n))
+    ]
+    if not os.path.isdir(export_dir) or not os.path.isfile(path) or not weights:
         raise ConfigError(
-            f"export_dir={export_dir}: no config.json (not a HuggingFace export, as "
-            "`python -m maelm_jax.export` writes them)"
+            f"{flag}={export_dir}: not a HuggingFace export (needs config.json and "
+            "model.safetensors, as `python -m maelm_jax.export` writes them)"
         )
     try:
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"export_dir={export_dir}: config.json unreadable ({e})") from None
+        raise ConfigError(f"{flag}={export_dir}: config.json unreadable ({e})") from None
+
+
+def needs_remote_code(export_dir: str) -> bool:
+    return "auto_map" in export_config(export_dir)
+
+
+def tokenizer(export_dir: str):
+    """The export's own fast tokenizer (plain `tokenizer.json`, no code). `AutoTokenizer`
+    reads config.json first: today's exports say `"model_type": "roberta"` and load without
+    remote code, but relative-bias exports written before 2026-11-28 name a config type only
+    their shipped code defines, and transformers would stop to ask before importing it. So
+    the tokenizer gets the same `trust_remote_code` as the model."""
+    from transformers import AutoTokenizer
+
+    if not os.path.isfile(os.path.join(export_dir, "tokenizer.json")):
+        raise ConfigError(f"--export={export_dir}: no tokenizer.json (not an export of ours?)")
+    return AutoTokenizer.from_pretrained(
+        export_dir, trust_remote_code=needs_remote_code(export_dir)
+    )
+
+
+def max_positions(export_dir: str) -> int:
+    """The tokens a row of the export may hold: its tokenizer's `model_max_length`, which the
+    exporter sets to the model's positions (config.json's `max_position_embeddings` counts
+    RoBERTa's padding offset too: 514 for 512)."""
+    config = export_config(export_dir)
+    stored = config.get("max_position_embeddings", 0)
+    if config.get("model_type") != "modernbert":  # RoBERTa's positions start after the pad
+        stored -= config.get("pad_token_id", 1) + 1
+    return min(stored, tokenizer(export_dir).model_max_length)
 
 
 def task_model(
@@ -67,7 +104,7 @@ def task_model(
         raise ConfigError(f"init={init!r}; allowed: {', '.join(INITS)}")
     if auto_class not in AUTO_CLASSES:
         raise ConfigError(f"auto_class={auto_class!r}; allowed: {', '.join(AUTO_CLASSES)}")
-    saved = _export_config(export_dir)
+    saved = export_config(export_dir)
     remote = "auto_map" in saved
     if remote and auto_class not in saved["auto_map"]:
         raise ConfigError(

@@ -14,9 +14,9 @@ import os
 import ml_collections
 
 from maelm_jax.config.run_config import ConfigError
+from maelm_jax.finetuning.recipe import Recipe
+from maelm_jax.finetuning.search import write_json
 from maelm_jax.glue import tasks as glue_tasks
-from maelm_jax.glue.recipe import Recipe
-from maelm_jax.glue.search import write_json
 from maelm_jax.studies.task_text import CORPUS_DIR
 
 SPEC_FILE = "spec.json"

@@ -1,10 +1,12 @@
 """A study's results: one table (study.md), one JSON (results.json) and one plot (study.png):
 GLUE average against pretraining FLOPs, the random-init row as the floor pretraining must
-clear."""
+clear. The plot draws each row's range over seeds (the GLUE average of each seed's runs):
+at a small scale the rows' medians can fall in a clean order that the seeds do not support."""
 
 import os
 
-from maelm_jax.glue.search import write_json
+from maelm_jax.finetuning.search import write_json
+from maelm_jax.glue import metrics
 from maelm_jax.studies.plan import RANDOM_ROW
 
 
@@ -75,7 +77,22 @@ def markdown(table: list[dict], spread: dict[str, dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def plot(table: list[dict], path: str) -> None:
+def seed_range(tasks: dict, task_names: list[str]) -> tuple[float, float] | None:
+    """(lowest, highest) GLUE average over seeds: seed i's average is its runs' scores on
+    every task (each at the task's reported setting); None without a common seed list."""
+    seeds = {tuple(tasks[t]["seeds"]) for t in task_names}
+    if len(seeds) != 1:
+        return None
+    averages = [
+        metrics.glue_score({t: tasks[t]["scores"][i] for t in task_names})
+        for i in range(len(next(iter(seeds))))
+    ]
+    return min(averages), max(averages)
+
+
+def plot(table: list[dict], path: str, ranges: dict[str, tuple[float, float] | None]) -> None:
+    """`ranges`: each row's seed range of its GLUE average, drawn as its error bar (the
+    random-init row's as a band around its line)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,13 +100,17 @@ def plot(table: list[dict], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in table:
+        y, spread = r["GLUE avg"], ranges.get(r["row"])
         if r["row"] == RANDOM_ROW:
-            ax.axhline(r["GLUE avg"], color="gray", linestyle="--", label="random init")
+            ax.axhline(y, color="gray", linestyle="--", label="random init")
+            if spread:
+                ax.axhspan(*spread, color="gray", alpha=0.15, label="random init, seed range")
             continue
-        ax.scatter(r["pretraining FLOPs"], r["GLUE avg"])
-        ax.annotate(r["row"], (r["pretraining FLOPs"], r["GLUE avg"]), fontsize=8)
+        yerr = [[y - spread[0]], [spread[1] - y]] if spread else None
+        ax.errorbar(r["pretraining FLOPs"], y, yerr=yerr, fmt="o", capsize=4)
+        ax.annotate(r["row"], (r["pretraining FLOPs"], y), fontsize=8)
     ax.set_xlabel("pretraining FLOPs (analytic)")
-    ax.set_ylabel("GLUE average (dev, median over seeds)")
+    ax.set_ylabel("GLUE average (dev; bars: seed range)")
     ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -109,5 +130,8 @@ def write(study_dir: str, results: dict, task_names: list[str]) -> tuple[list[di
     with open(os.path.join(study_dir, "study.md"), "w") as f:
         f.write(text + "\n")
     write_json(os.path.join(study_dir, "results.json"), {"rows": results, "table": table})
-    plot(table, os.path.join(study_dir, "study.png"))
+    ranges = {
+        name: seed_range(row["finetune"]["tasks"], task_names) for name, row in results.items()
+    }
+    plot(table, os.path.join(study_dir, "study.png"), ranges)
     return table, text

@@ -17,7 +17,7 @@ GLUE beside another's loss. The search is taken back when the new export is the 
 byte for byte (a CPU's rerun is), so its finished runs are kept. The random-init row stays:
 it takes the export's architecture and tokenizer, not its weights.
 
-A search names its export by absolute path (glue/search.py). A study folder that moved (its
+A search names its export by absolute path (finetuning/search.py). A study folder that moved (its
 export at `<row>/export` under the new root, the same bytes) resumes: `check_search` points
 the search at the new path; another export's bytes are refused in the study's words.
 """
@@ -30,7 +30,7 @@ import time
 from absl import logging
 
 from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
-from maelm_jax.glue import search
+from maelm_jax.finetuning import search
 from maelm_jax.studies import task_text
 from maelm_jax.studies.plan import RANDOM_ROW, Study, marker
 

@@ -20,7 +20,7 @@ from absl import logging
 
 from maelm_jax.config import configdict
 from maelm_jax.config.run_config import STUDY_TASK_TEXT, ConfigError
-from maelm_jax.glue.search import run_search, write_json
+from maelm_jax.finetuning.search import run_search, write_json
 from maelm_jax.hardware import handover, multihost
 from maelm_jax.studies import hosts, resume, task_text
 from maelm_jax.studies.plan import RANDOM_ROW, Study, marker

@@ -23,19 +23,11 @@ import time
 from absl import logging
 
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue import classifier, metrics, readers, tasks
-from maelm_jax.glue.model_slot import LoopOptions, ModelSlot
-from maelm_jax.glue.recipe import Recipe
-from maelm_jax.glue.training import (
-    DeviceSplit,
-    Encoded,
-    RunResult,
-    RunSpec,
-    encode,
-    fine_tune,
-    steps_for,
-    to_device,
-)
+from maelm_jax.finetuning import glue_runs, squad_runs
+from maelm_jax.finetuning.model_slot import LoopOptions, ModelSlot
+from maelm_jax.finetuning.recipe import Recipe
+from maelm_jax.finetuning.training import RunResult, RunSpec, steps_for
+from maelm_jax.glue import classifier, metrics, readers
 
 SPEC_FILE = "spec.json"
 RESULTS_FILE = "results.json"
@@ -56,6 +48,9 @@ class TaskSummary:
     metric_medians: dict[str, dict[str, float]]  # dev split -> metric -> median (points)
     settings: dict[str, float]  # "lr=..,bs=.." -> median score, every setting tried
     seconds: float  # all of this task's runs
+    family: str = "glue"  # "squad": its score is F1, never in the GLUE average
+    # dev split -> metric -> [lowest, highest] over the seeds (points)
+    metric_ranges: dict[str, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
 
 def _sha256(path: str) -> str:
@@ -78,7 +73,7 @@ def export_identity(export_dir: str) -> dict:
 
 def compute_identity(device) -> dict:
     """Where a run computes, as far as it changes the numbers: bf16 autocast on CUDA, float32
-    elsewhere (glue/training.py). Runs of one search, or rows of one study, computed on two
+    elsewhere (finetuning/training.py). Runs of one search, or rows of one study, computed on two
     of these are not comparable to float noise, so a resume on the other is refused."""
     kind = getattr(device, "type", str(device)).split(":")[0]
     return {"device": kind, "precision": "bf16-autocast" if kind == "cuda" else "float32"}
@@ -231,7 +226,7 @@ def _load_run(path: str, spec: RunSpec) -> RunResult | None:
     return RunResult(**{**saved, "spec": spec})
 
 
-def summarize(task: tasks.Task, init: str, results: list[RunResult]) -> TaskSummary:
+def summarize(task, init: str, results: list[RunResult]) -> TaskSummary:
     by_setting: dict[tuple[float, int], list[RunResult]] = {}
     for r in results:
         by_setting.setdefault((r.spec.learning_rate, r.spec.batch_size), []).append(r)
@@ -259,6 +254,14 @@ def summarize(task: tasks.Task, init: str, results: list[RunResult]) -> TaskSumm
         },
         settings={f"lr={k[0]:g},bs={k[1]}": v for k, v in medians.items()},
         seconds=sum(r.seconds for r in results),
+        family=family(task),
+        metric_ranges={
+            split: {
+                m: [100 * f(r.metrics[split][m] for r in runs) for f in (min, max)]
+                for m in splits[split]
+            }
+            for split in splits
+        },
     )
 
 
@@ -272,9 +275,14 @@ def load_data(task_list, glue_dir, tfds_data_dir):
     return data
 
 
+def family(task) -> str:
+    """ "glue" for GLUE's tasks; another family's task says its own (SquadTask: "squad")."""
+    return getattr(task, "family", glue_runs.FAMILY)
+
+
 def run_search(
     export_dir: str,
-    task_list: list[tasks.Task],
+    task_list: list,
     recipe: Recipe,
     output_dir: str,
     inits: tuple[str, ...] = ("pretrained",),
@@ -282,8 +290,10 @@ def run_search(
     tfds_data_dir: str | None = None,
     options: LoopOptions | None = None,
 ) -> dict:
-    """Runs (or picks up) every run and returns what results.json holds. The runs of a task
-    share its split, uploaded once, and one model on the device (`model_slot.ModelSlot`)."""
+    """Runs (or picks up) every run and returns what results.json holds. `task_list` holds
+    GLUE's tasks (glue/tasks.py), run with `recipe`, and other families' tasks (a
+    squad_runs.SquadTask), each with its own recipe. The runs of a task share its data,
+    uploaded once, and one model on the device (`model_slot.ModelSlot`)."""
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -293,8 +303,15 @@ def run_search(
             raise ConfigError(f"--inits: {init!r}; allowed: {', '.join(classifier.INITS)}")
     classifier.export_config(export_dir)
     tok = classifier.tokenizer(export_dir)
-    data = load_data(task_list, glue_dir, tfds_data_dir)
+    glue = [t for t in task_list if family(t) == glue_runs.FAMILY]
+    data = load_data(glue, glue_dir, tfds_data_dir)
     limit = min(tok.model_max_length, recipe.max_seq_length)
+    runners = {
+        t.name: glue_runs.GlueRuns(t, tok, *data[t.name], export_dir, device, limit)
+        if family(t) == glue_runs.FAMILY
+        else squad_runs.SquadRuns(t, tok, export_dir, device)
+        for t in task_list
+    }
     spec = {
         "export": export_identity(export_dir),
         "recipe": dataclasses.asdict(recipe),
@@ -304,9 +321,16 @@ def run_search(
         "compute": compute_identity(device),
         "loop": loop_identity(options, device),
     }
+    others = {t.name: t.identity() for t in task_list if family(t) != glue_runs.FAMILY}
+    if others:  # recorded only where asked, so GLUE's searches resume as before
+        spec["families"] = others
     claim_output_dir(output_dir, spec)
-    plan = [(t, init, recipe.runs(t.name, init, limit)) for t in task_list for init in inits]
-    sizes = {t.name: len(data[t.name][0]) for t in task_list}
+    plan = [
+        (t, init, getattr(t, "recipe", recipe).runs(t.name, init, runners[t.name].max_seq_length))
+        for t in task_list
+        for init in inits
+    ]
+    sizes = {t.name: runners[t.name].train_size for t in task_list}
     progress = Progress(sum(steps_for(r, sizes[t.name]) for t, _, rs in plan for r in rs))
     logging.info(
         "fine-tuning %s on %s (%s): %d runs, %d steps on %s",
@@ -315,31 +339,16 @@ def run_search(
     )  # fmt: skip
     summaries = []
     for task, init, run_specs in plan:
-        train, dev = data[task.name]
-        enc_train: Encoded | None = None
-        on_device: DeviceSplit | None = None
-        enc_dev: dict[str, Encoded] = {}
         slot = ModelSlot(device, options)
         results = []
         for run in run_specs:
             path = os.path.join(output_dir, "runs", f"{run.name}.json")
             done = _load_run(path, run)
             if done is None:
-                if enc_train is None:
-                    enc_train = encode(tok, train, run.max_seq_length)
-                    enc_dev = {s: encode(tok, d, run.max_seq_length) for s, d in dev.items()}
-                    regression = task.is_regression
-                    on_device = to_device(enc_train, tok.pad_token_id, device, regression)
-
-                def factory(task=task, run=run, init=init):
-                    return classifier.classifier(
-                        export_dir, task.num_labels, init, run.dropout, run.attention_dropout
-                    )
-
-                done = fine_tune(
-                    factory, task, enc_train, enc_dev, run, tok.pad_token_id, device,
-                    on_step=lambda s, n, loss, name=run.name: progress.step(name, s, n, loss),
-                    slot=slot, train_on_device=on_device,
+                done = runners[task.name].run(
+                    run, slot,
+                    lambda s, n, loss, name=run.name: progress.step(name, s, n, loss),
+                    os.path.join(output_dir, "runs", run.name),
                 )  # fmt: skip
                 write_json(path, dataclasses.asdict(done))
                 logging.info("%s: score %.2f (%.0f s)", run.name, done.score, done.seconds)
@@ -352,10 +361,15 @@ def run_search(
         "device": str(device),
         "recipe": spec["recipe"],
         "tasks": [dataclasses.asdict(s) for s in summaries],
-        "glue_score": {
-            init: metrics.glue_score({s.task: s.median for s in summaries if s.init == init})
+        "glue_score": {  # GLUE's tasks alone: another family's score is never averaged in
+            init: metrics.glue_score(
+                {s.task: s.median for s in summaries if s.init == init and s.family == "glue"}
+            )
             for init in inits
+            if glue
         },
     }
+    if others:
+        result["families"] = others
     write_json(os.path.join(output_dir, RESULTS_FILE), result)
     return result

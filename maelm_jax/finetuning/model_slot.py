@@ -22,7 +22,7 @@ class LoopOptions:
     compile: bool = False  # torch.compile the model: pays on a GPU; eager if compiling fails
     compile_mode: str = "default"  # torch.compile's mode: "reduce-overhead" adds CUDA graphs
     check_every: int = 25  # steps between reads of the loss (each read waits for the device)
-    host_dropout: bool = True  # eager on a CPU: masks 4 to a random word (glue/host_dropout.py)
+    host_dropout: bool = True  # eager on a CPU: masks 4 to a random word (host_dropout.py)
     # Widths rounded up to `bucket_width`'s few values, for compiled programs and graphs;
     # None: when compiled. Eager code runs each batch at its longest row, the least work.
     width_buckets: bool | None = None
@@ -40,7 +40,7 @@ class ModelSlot:
 
     def load(self, fresh):
         """(the model, what a train step calls: the model or its compiled self)."""
-        from maelm_jax.glue import host_dropout  # torch, imported when a model is
+        from maelm_jax.finetuning import host_dropout  # torch, imported when a model is
 
         if (
             self.model is not None

@@ -1,16 +1,19 @@
-"""The fine-tuning recipe: RoBERTa's published GLUE search space, or `--quick`'s CPU budget.
+"""The fine-tuning recipes: RoBERTa's published GLUE search space, the papers' SQuAD recipe,
+or `--quick`'s CPU budget for either.
 
-One fixed space for every model compared (fairseq `examples/roberta/README.glue.md`): lr
+GLUE: one fixed space for every model compared (fairseq `examples/roberta/README.glue.md`): lr
 {1e-5, 2e-5, 3e-5} x batch {16, 32}, 10 epochs, 6% warmup, weight decay 0.1, dropout 0.1,
-five seeds, the median of the best setting reported. `--quick` is a smoke budget a CPU runs in
-minutes on the demo's export: one setting, one seed, 200 steps of 16 rows, with a learning rate a
-4-layer model trains at (1e-5 barely moves it in 300 steps).
+five seeds, the median of the best setting reported. SQuAD (COCO-LM's and MAE-LM's): lr 2e-5,
+batch 32, 3 epochs, 10% warmup, weight decay 0.01, dropout 0.1, five seeds; windows of 384
+tokens (squad/features.py). `--quick` is a smoke budget a CPU runs in minutes on the demo's
+export: one setting, one seed, 200 steps of 16 rows, with a learning rate a 4-layer model trains
+at (1e-5 barely moves it in 300 steps); SQuAD's also caps its train windows.
 """
 
 import dataclasses
 
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue.training import RunSpec
+from maelm_jax.finetuning.training import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,3 +91,17 @@ QUICK = Recipe(
     max_steps=200,
     max_seq_length=128,
 )
+SQUAD = Recipe(
+    learning_rates=(2e-5,),
+    batch_sizes=(32,),
+    epochs=3.0,
+    warmup_ratio=0.1,
+    weight_decay=0.01,
+    max_seq_length=384,  # the window; an export with fewer positions gets its own length
+)
+SQUAD_QUICK = dataclasses.replace(
+    SQUAD, learning_rates=(1e-4,), batch_sizes=(16,), seeds=(1,), max_steps=200,
+    max_train_examples=3200,
+)  # fmt: skip
+# Each family's recipe: the full one and --quick's.
+RECIPES = {"glue": (ROBERTA, QUICK), "squad": (SQUAD, SQUAD_QUICK)}

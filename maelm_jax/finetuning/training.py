@@ -1,9 +1,11 @@
 """One fine-tuning run: a task, a learning rate, a batch size, a seed -> dev metrics.
 
-RoBERTa's GLUE recipe (fairseq `README.glue.md`): AdamW with betas (0.9, 0.98), eps 1e-6 and
-decoupled weight decay (not on biases and LayerNorm weights, as transformers' Trainer
-excludes them), linear warmup over the first `warmup_ratio` of the steps and linear decay to
-zero, no gradient clipping, cross-entropy (MSE for STS-B's regression) on the `<s>` head.
+RoBERTa's recipe (fairseq `README.glue.md`; COCO-LM's SQuAD recipe is the same loop): AdamW
+with betas (0.9, 0.98), eps 1e-6 and decoupled weight decay (not on biases and LayerNorm
+weights, as transformers' Trainer excludes them), linear warmup over the first `warmup_ratio`
+of the steps and linear decay to zero, no gradient clipping. The loss is the task's: GLUE's
+cross-entropy (MSE for STS-B's regression) on the `<s>` head, or a family's own `loss`
+(SQuAD's span loss, squad_runs.py); so is the evaluation (`fine_tune`'s `evaluate`).
 The data order and the head's initialisation come from the seed alone, so a rerun with the
 same seed draws the same batches and the same head. The score is the model's after the last
 step (no checkpoint picked on the dev set it is scored on).
@@ -16,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from maelm_jax.finetuning.model_slot import ModelSlot, compile_failed
 from maelm_jax.glue import metrics
-from maelm_jax.glue.model_slot import ModelSlot, compile_failed
 from maelm_jax.glue.readers import Example
 from maelm_jax.glue.tasks import Task
 
@@ -130,8 +132,9 @@ def _batch_order(lengths: np.ndarray, batch_size: int, steps: int, rng: np.rando
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSplit:
-    """A train split on the device, padded once: ids [n, longest row], labels [n]. The row
-    lengths stay on the host, where each batch's width is chosen without reading the device."""
+    """A train split on the device, padded once: ids [n, longest row], labels [n] (GLUE) or
+    [n, 2] (SQuAD's start and end). The row lengths stay on the host, where each batch's width
+    is chosen without reading the device."""
 
     ids: object
     labels: object
@@ -195,14 +198,19 @@ def _autocast(device):
     return contextlib.nullcontext()
 
 
-def _loss(model, ids, mask, target, regression: bool, device):
+def _loss(model, ids, mask, target, task, device):
+    """The batch's mean loss: the task's own `loss(model, ids, mask, target)` where it has one
+    (a family's, e.g. SQuAD's span loss), else GLUE's on the classifier's logits."""
     import torch
 
+    own = getattr(task, "loss", None)
     with _autocast(device):
+        if own is not None:
+            return own(model, ids, mask, target)
         logits = model(input_ids=ids, attention_mask=mask).logits
     if logits.dtype != torch.float32:  # autocast's bf16 logits; a no-op call costs a dispatch
         logits = logits.float()
-    if regression:
+    if task.is_regression:
         return torch.nn.functional.mse_loss(logits[:, 0], target)
     return torch.nn.functional.cross_entropy(logits, target)
 
@@ -245,7 +253,7 @@ def train_steps(
             try:
                 opt.zero_grad(set_to_none=True)
                 mask = ids != data.pad_id
-                loss = _loss(slot.step_model, ids, mask, target, task.is_regression, device)
+                loss = _loss(slot.step_model, ids, mask, target, task, device)
                 loss.backward()
                 break
             except Exception as e:  # torch.compile fails at a shape's first call
@@ -300,7 +308,7 @@ def _drain(steps) -> np.ndarray:
 def fine_tune(
     model_factory: Callable[[], object],
     task: Task,
-    train: Encoded,
+    train: Encoded | DeviceSplit,
     dev: dict[str, Encoded],
     spec: RunSpec,
     pad_id: int,
@@ -308,10 +316,12 @@ def fine_tune(
     on_step: Callable[[int, int, float], None] = lambda step, steps, loss: None,
     slot: ModelSlot | None = None,
     train_on_device: DeviceSplit | None = None,
+    evaluate: Callable[[object], tuple[dict, float]] | None = None,
 ) -> RunResult:
     """Trains a fresh `model_factory()` (built after seeding, so its head is the seed's) and
-    scores it on every dev split. A search passes one `slot` (the model on the device) and
-    one `train_on_device` to all its runs of a task."""
+    scores it: `evaluate(model)` -> (dev split -> metric -> fraction, score in points), a
+    family's own; by default GLUE's metrics on every split of `dev`. A search passes one
+    `slot` (the model on the device) and one `train_on_device` to all its runs of a task."""
     import torch
 
     start = time.perf_counter()
@@ -323,17 +333,21 @@ def fine_tune(
     model, _ = slot.load(model_factory())
     on_device = train_on_device or to_device(train, pad_id, device, task.is_regression)
     losses = _drain(train_steps(slot, task, on_device, spec, subset, rng, on_step))
-    by_split = {
-        split: metrics.split_metrics(
-            task, predict(model, data, pad_id, device, task.is_regression), data.labels
-        )
-        for split, data in dev.items()
-    }
+    if evaluate is None:
+        by_split = {
+            split: metrics.split_metrics(
+                task, predict(model, data, pad_id, device, task.is_regression), data.labels
+            )
+            for split, data in dev.items()
+        }
+        score = metrics.task_score(task, by_split)
+    else:
+        by_split, score = evaluate(model)
     tail = losses[-max(1, len(losses) // 10) :]
     return RunResult(
         spec=spec,
         metrics=by_split,
-        score=metrics.task_score(task, by_split),
+        score=score,
         steps=len(losses),
         train_examples=n,
         final_train_loss=float(np.mean(tail)),
