@@ -1,8 +1,8 @@
 """`python -m maelm_jax.study --study_dir=DIR [--preset=cpu|gpu] [--configs=a.py,b.py,...]
-[--tasks=...] [--glue_dir=DIR] [--json]`: the papers' comparison in one resumable command.
+[--tasks=...] [--glue_dir=DIR] [--squad_dir=DIR] [--json]`: the papers' comparison in one resumable command.
 
 Each config (an objective) is pretrained through the ordinary training path, exported,
-fine-tuned on GLUE and measured (the last layer's effective rank), and the first config's
+fine-tuned on GLUE (and SQuAD, where `--tasks` names it) and measured (the last layer's effective rank), and the first config's
 architecture is fine-tuned again from random init, the row that says whether pretraining
 helped. `--preset` picks the defaults of the configs and the fine-tuning flags: `cpu`
 (configs/study/), a scale a 2-core CPU runs in about an hour, or `gpu`
@@ -20,8 +20,9 @@ from absl import app, flags, logging
 from maelm_jax.config import cli
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.finetuning import recipe
-from maelm_jax.glue import readers, tasks
+from maelm_jax.glue import readers
 from maelm_jax.hardware import distributed
+from maelm_jax.squad import reading
 from maelm_jax.studies import presets
 
 FLAGS = flags.FLAGS
@@ -49,8 +50,13 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_list(
         "overrides", [], "key=value applied to every config (e.g. num_train_steps=800).", **fv
     )
-    flags.DEFINE_string("tasks", cpu["tasks"], "GLUE tasks, comma-separated.", **fv)
+    flags.DEFINE_string(
+        "tasks", cpu["tasks"], "GLUE tasks and/or squad_v2, squad_v1, comma-separated.", **fv
+    )
     flags.DEFINE_string("glue_dir", None, "GLUE's download (CoLA/train.tsv, ...); else TFDS.", **fv)
+    flags.DEFINE_string(
+        "squad_dir", None, "SQuAD's files (train-v2.0.json, ...); else TFDS.", **fv
+    )
     flags.DEFINE_list("seeds", cpu["seeds"], "Fine-tuning seeds (the median is reported).", **fv)
     flags.DEFINE_list("learning_rates", cpu["learning_rates"], "Fine-tuning learning rates.", **fv)
     flags.DEFINE_list("batch_sizes", cpu["batch_sizes"], "Fine-tuning batch sizes.", **fv)
@@ -143,9 +149,10 @@ def main(argv):
         configs[name] = cli.load_config_file(path, flag="configs")
     study = plan.Study(
         configs=plan.with_overrides(configs, _overrides()),
-        tasks=tuple(tasks.resolve(FLAGS.tasks)),
+        tasks=plan.resolve_tasks(FLAGS.tasks, finetune_recipe, FLAGS.squad_dir),
         recipe=finetune_recipe,
         glue_dir=FLAGS.glue_dir,
+        squad_dir=FLAGS.squad_dir,
         rank_tokens=FLAGS.rank_tokens,
         workdir_root=plan.workdir_root(FLAGS.workdir_root),
     )
@@ -174,12 +181,11 @@ def main(argv):
 
 
 def _run(study) -> None:
-    from maelm_jax.finetuning.search import load_data
     from maelm_jax.studies import hosts, plan, report, stages
 
     # Bad or missing data is refused before pretraining; process 0 alone fine-tunes, so it
-    # alone reads (or downloads) GLUE.
-    hosts.on_process_0("reading GLUE", lambda: load_data(study.tasks, FLAGS.glue_dir, None))
+    # alone reads (or downloads) GLUE and SQuAD.
+    hosts.on_process_0("reading the tasks' data", lambda: plan.check_data(study))
     hosts.on_process_0("claiming the study folder", lambda: plan.claim(FLAGS.study_dir, study))
     hosts.check_shared(FLAGS.study_dir, plan.SPEC_FILE)
     results = stages.run_all(study, FLAGS.study_dir)
@@ -193,4 +199,5 @@ def _run(study) -> None:
 if __name__ == "__main__":
     define_flags()
     flags.mark_flags_as_required(["study_dir"])
-    cli.run(main, errors=(readers.GlueDataError, RuntimeError), prog="maelm_jax.study")
+    errors = (readers.GlueDataError, reading.SquadDataError, RuntimeError)
+    cli.run(main, errors=errors, prog="maelm_jax.study")

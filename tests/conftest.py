@@ -72,6 +72,7 @@ SLOW_MODULES = {
     "test_multiprocess.py",  # jax.distributed runs on localhost
     "test_study.py",  # `study` end to end, on one and on two processes
     "test_study_resume.py",
+    "test_study_faults.py",  # `study` under one-process clusters and SIGTERM (about 6 min)
     "test_bench.py",
     "test_finetune.py",  # trains the shared tiny checkpoints (about 130 s)
     "test_squad_finetune.py",  # trains its own tiny checkpoint, then SQuAD runs (about 4 min)

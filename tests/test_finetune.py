@@ -347,9 +347,8 @@ def test_a_compiled_model_trains_as_the_eager_one(exports):
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-3, atol=1e-4)
 
 
-def test_a_model_bug_under_compile_raises_instead_of_training_eagerly(exports):
-    """A shape error in the model's own code is not torch.compile failing: it propagates
-    from the first compiled step (as Dynamo's TorchRuntimeError), with no eager fallback."""
+def _two_compiled_steps(exports):
+    """(export, tokenizer, 64 encoded SST-2-like rows, a 2-step run) for the compile tests."""
     export_dir = exports["mae_lm"]
     tok = classifier.tokenizer(export_dir)
     texts, labels = sentences(64, 0)
@@ -357,6 +356,13 @@ def test_a_model_bug_under_compile_raises_instead_of_training_eagerly(exports):
         tok, [Example(t, None, y) for t, y in zip(texts, labels, strict=True)], 32
     )
     spec = dataclasses.replace(RECIPE, max_steps=2).runs("sst2", "pretrained", 32)[0]
+    return export_dir, tok, data, spec
+
+
+def test_a_model_bug_under_compile_raises_instead_of_training_eagerly(exports):
+    """A shape error in the model's own code is not torch.compile failing: it propagates
+    from the first compiled step (as Dynamo's TorchRuntimeError), with no eager fallback."""
+    export_dir, tok, data, spec = _two_compiled_steps(exports)
     cpu = torch.device("cpu")
     slot = model_slot.ModelSlot(cpu, model_slot.LoopOptions(compile=True))
     model = classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0)
@@ -380,13 +386,7 @@ def test_a_compile_that_fails_trains_eagerly_with_one_warning(exports, caplog):
     what the eager fallback is for: the run trains on, and one warning names the error."""
     import torch._inductor.config as inductor_config
 
-    export_dir = exports["mae_lm"]
-    tok = classifier.tokenizer(export_dir)
-    texts, labels = sentences(64, 0)
-    data = training.encode(
-        tok, [Example(t, None, y) for t, y in zip(texts, labels, strict=True)], 32
-    )
-    spec = dataclasses.replace(RECIPE, max_steps=2).runs("sst2", "pretrained", 32)[0]
+    export_dir, tok, data, spec = _two_compiled_steps(exports)
     cpu = torch.device("cpu")
     slot = model_slot.ModelSlot(cpu, model_slot.LoopOptions(compile=True))
     slot.load(classifier.classifier(export_dir, 2, "pretrained", 0.0, 0.0))

@@ -3,12 +3,12 @@ hand. The fixtures copy the quirks of GLUE's download: no quoting (literal, unba
 CoLA without a header, SST-2's trailing spaces, MNLI's wider dev files, MRPC's BOM."""
 
 import math
-import socket
 import time
 import warnings
 
 import numpy as np
 import pytest
+from offline import refusing_proxy
 
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.glue import metrics, readers
@@ -362,13 +362,7 @@ def test_tfds_glue_without_a_network_fails_in_seconds_naming_glue_dir(tmp_path, 
     """A task TFDS has not prepared needs its download; with no way out (HTTPS only through a
     proxy that refuses), the read stops at once with the line that names --glue_dir, where
     TFDS's own ten retries with backoff took 3.5 minutes to give up (issue 64)."""
-    with socket.socket() as refusing:  # bound, never listening: a connection is refused
-        refusing.bind(("127.0.0.1", 0))
-        proxy = f"http://127.0.0.1:{refusing.getsockname()[1]}"
-        for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
-            monkeypatch.setenv(name, proxy)
-        for name in ("NO_PROXY", "no_proxy"):
-            monkeypatch.delenv(name, raising=False)
+    with refusing_proxy(monkeypatch):
         start = time.monotonic()
         with pytest.raises(GlueDataError) as raised:
             readers.read(TASKS["rte"], "train", tfds_data_dir=str(tmp_path / "tfds"))

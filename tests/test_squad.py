@@ -5,11 +5,11 @@ hand-computed case."""
 
 import json
 import math
-import socket
 import time
 
 import numpy as np
 import pytest
+from offline import refusing_proxy
 
 from maelm_jax.config.run_config import ConfigError
 from maelm_jax.squad import decoding, features, outputs, reading, scoring
@@ -245,13 +245,7 @@ def test_a_missing_split_or_folder_is_one_line_naming_the_files(tmp_path):
 
 def test_tfds_squad_without_a_network_fails_in_seconds_naming_squad_dir(tmp_path, monkeypatch):
     """As GLUE's TFDS reads do: an unprepared dataset with no way out stops at once."""
-    with socket.socket() as refusing:  # bound, never listening: a connection is refused
-        refusing.bind(("127.0.0.1", 0))
-        proxy = f"http://127.0.0.1:{refusing.getsockname()[1]}"
-        for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
-            monkeypatch.setenv(name, proxy)
-        for name in ("NO_PROXY", "no_proxy"):
-            monkeypatch.delenv(name, raising=False)
+    with refusing_proxy(monkeypatch):
         start = time.monotonic()
         with pytest.raises(SquadDataError) as raised:
             reading.read(V2, "dev", tfds_data_dir=str(tmp_path / "tfds"))
