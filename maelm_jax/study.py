@@ -1,13 +1,14 @@
 """`python -m maelm_jax.study --study_dir=DIR [--preset=cpu|gpu] [--configs=a.py,b.py,...]
-[--tasks=...] [--glue_dir=DIR] [--squad_dir=DIR] [--json]`: the papers' comparison in one resumable command.
+[--tasks=...] [--glue_dir=DIR] [--squad_dir=DIR] [--json]`: the papers' comparison in one
+resumable command.
 
 Each config (an objective) is pretrained through the ordinary training path, exported,
-fine-tuned on GLUE (and SQuAD, where `--tasks` names it) and measured (the last layer's effective rank), and the first config's
-architecture is fine-tuned again from random init, the row that says whether pretraining
-helped. `--preset` picks the defaults of the configs and the fine-tuning flags: `cpu`
-(configs/study/), a scale a 2-core CPU runs in about an hour, or `gpu`
-(configs/study/gpu_scale/), MLM, MAE-LM and random init in 9 minutes on one H200
-(`studies/presets.py`). The paper configs work unchanged, on one host or on a pod, where
+fine-tuned on GLUE (and SQuAD where `--tasks` names squad_v2 or squad_v1) and measured (the
+last layer's effective rank), and the first config's architecture is fine-tuned again from
+random init, the row that says whether pretraining helped. `--preset` picks the defaults of
+the configs and the fine-tuning flags: `cpu` (configs/study/), a scale a 2-core CPU runs in
+about an hour, or `gpu` (configs/study/gpu_scale/), MLM, MAE-LM and random init in 9 minutes
+on one H200 (`studies/presets.py`). The paper configs work unchanged, on one host or on a pod, where
 every host runs the same command in one shared folder: every host pretrains, process 0 does
 the rest (`studies/hosts.py`). `maelm_jax/studies/` holds the stages and report.
 """
@@ -54,9 +55,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
         "tasks", cpu["tasks"], "GLUE tasks and/or squad_v2, squad_v1, comma-separated.", **fv
     )
     flags.DEFINE_string("glue_dir", None, "GLUE's download (CoLA/train.tsv, ...); else TFDS.", **fv)
-    flags.DEFINE_string(
-        "squad_dir", None, "SQuAD's files (train-v2.0.json, ...); else TFDS.", **fv
-    )
+    flags.DEFINE_string("squad_dir", None, "SQuAD's files (train-v2.0.json, ...); else TFDS.", **fv)
     flags.DEFINE_list("seeds", cpu["seeds"], "Fine-tuning seeds (the median is reported).", **fv)
     flags.DEFINE_list("learning_rates", cpu["learning_rates"], "Fine-tuning learning rates.", **fv)
     flags.DEFINE_list("batch_sizes", cpu["batch_sizes"], "Fine-tuning batch sizes.", **fv)

@@ -92,6 +92,115 @@ def test_the_corpus_holds_each_train_example_once_pairs_together_and_no_dev_text
     assert task_text.dataset(str(tmp_path / "study")) == f"text:{path}"
 
 
+def _squad_file(path, contexts: list[tuple[str, list[str]]]):
+    """An official-format SQuAD 2.0 file: each context with its questions (no answers: the
+    corpus reads no answer)."""
+    data = [
+        {"title": f"t{c}", "paragraphs": [{"context": context, "qas": [
+            {"id": f"{path.stem}-{c}-{q}", "question": question, "answers": [],
+             "is_impossible": True}
+            for q, question in enumerate(questions)
+        ]}]}
+        for c, (context, questions) in enumerate(contexts)
+    ]  # fmt: skip
+    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+
+
+def test_the_corpus_holds_each_squad_context_once_with_its_questions_and_no_dev_text(tmp_path):
+    train = [_one_line(i) for i in range(3)]
+    glue = _sst2(tmp_path / "glue", train, dev=["a dev sentence never seen ."])
+    squad = tmp_path / "squad"
+    squad.mkdir()
+    # A context asked twice, in two paragraphs (the official files repeat them): written once.
+    _squad_file(
+        squad / "train-v2.0.json",
+        [
+            ("the  first context .", ["who ?", "what ?"]),
+            ("a second context .", ["where ?"]),
+            ("the first context .", ["when ?"]),
+        ],
+    )
+    _squad_file(squad / "dev-v2.0.json", [("dev context never seen .", ["dev question ?"])])
+    tasks = plan.resolve_tasks("sst2,squad_v2", Recipe(), str(squad))
+
+    info = task_text.write(tasks, glue, str(tmp_path / "study"))
+
+    path = tmp_path / "study" / task_text.CORPUS_DIR / task_text.CORPUS_FILE
+    docs = path.read_text().split("\n\n")
+    squad_docs = [
+        "the first context .\nwho ?\nwhat ?\nwhen ?",
+        "a second context .\nwhere ?",
+    ]
+    assert docs[:-1] == [*train, *squad_docs]
+    assert info["documents_per_task"] == {"sst2": 3, "squad_v2": 2}
+    assert "dev" not in path.read_text()
+
+
+def test_a_study_records_its_squad_data_and_refuses_a_changed_one_by_name(tmp_path):
+    recipe = Recipe(learning_rates=(1e-3,), seeds=(1, 2), max_steps=100)
+    squad_dir = tmp_path / "squad"
+    (squad_task,) = plan.resolve_tasks("squad_v2", recipe, str(squad_dir))
+    # SQuAD's recipe under the study's grid and budget
+    assert squad_task.recipe.learning_rates == (1e-3,) and squad_task.recipe.seeds == (1, 2)
+    assert squad_task.recipe.max_steps == 100 and squad_task.recipe.warmup_ratio == 0.1
+
+    def study(squad):
+        tasks = plan.resolve_tasks("sst2,squad_v2", recipe, squad)
+        return plan.Study(_configs(), tasks, recipe, None, 64, squad_dir=squad)
+
+    plan.claim(str(tmp_path / "study"), study(str(squad_dir)))
+    spec = json.loads((tmp_path / "study" / plan.SPEC_FILE).read_text())
+    assert spec["squad_data"] == str(squad_dir) and spec["tasks"] == ["sst2", "squad_v2"]
+    with pytest.raises(ConfigError) as e:
+        plan.claim(str(tmp_path / "study"), study(None))
+    assert f"another squad_data (was {str(squad_dir)!r})" in str(e.value)
+    with pytest.raises(ConfigError, match=r"--squad_dir=D goes with --tasks=\.\.\.,squad_v2 or"):
+        plan.resolve_tasks("sst2", recipe, "D")
+    with pytest.raises(ConfigError, match="unknown task 'squad_v9'; allowed: cola, "):
+        plan.resolve_tasks("sst2,squad_v9", recipe, None)
+    assert "squad_data" not in plan.Study(_configs(), (TASKS["sst2"],), recipe, None, 64).spec()
+
+
+def test_a_study_with_squad_fine_tunes_it_and_refuses_bad_squad_data_before_pretraining(
+    tmp_path,
+):
+    """One objective on the SQuAD corpus, two fine-tuning steps a row: the wiring, not a score."""
+    from test_squad_finetune import write_squad
+
+    config = tmp_path / "mlm.py"
+    config.write_text(CONFIG.format(objective="mlm"))
+    squad = write_squad(tmp_path / "squad", n_train=240, n_dev=12)
+    args = [
+        f"--configs={config}", "--tasks=squad_v2", "--seeds=1", "--max_steps=2",
+        "--rank_tokens=64",
+    ]  # fmt: skip
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train-v2.0.json").write_text("<html>not found</html>")
+    (bad / "dev-v2.0.json").write_text("{}")
+    rc, _, err = _study([f"--study_dir={tmp_path / 'refused'}", f"--squad_dir={bad}", *args])
+    assert rc == 1 and "train-v2.0.json" in err.strip().splitlines()[-1], err[-2000:]
+    assert not (tmp_path / "refused").exists()  # refused before anything, pretraining first
+    # 32 positions hold no window of a 64-token question: said before pretraining too
+    rc, _, err = _study([f"--study_dir={tmp_path / 'refused'}", f"--squad_dir={squad}", *args])
+    last = err.strip().splitlines()[-1]
+    assert rc == 1 and "mlm has model.max_positions=32; SQuAD's windows need at least" in last
+    assert not (tmp_path / "refused").exists()
+    args.append("--overrides=model.max_positions=96")
+
+    study_dir = tmp_path / "study"
+    rc, out, err = _study([f"--study_dir={study_dir}", f"--squad_dir={squad}", *args])
+    assert rc == 0, err[-3000:]
+    corpus = (study_dir / task_text.CORPUS_DIR / task_text.CORPUS_FILE).read_text()
+    assert "after" in corpus and "q1-" not in corpus  # the questions, no dev id
+    results = json.loads((study_dir / "results.json").read_text())
+    for row in results["table"]:
+        assert row["GLUE avg"] is None and 0 <= row["squad_v2 F1"] <= 100, row
+    predicted = study_dir / "random_init" / "finetune" / "runs"
+    assert len(json.loads(next(predicted.glob("*/predictions.json")).read_text())) == 12
+    assert "| squad_v2 EM | squad_v2 F1 |" in out
+
+
 def test_only_the_study_reads_its_corpus_and_compiling_its_configs_still_works(tmp_path):
     config = tiny_config("mae_lm")
     config.dataset = STUDY_TASK_TEXT

@@ -14,9 +14,12 @@ import os
 import ml_collections
 
 from maelm_jax.config.run_config import ConfigError
+from maelm_jax.finetuning import recipe as recipes
+from maelm_jax.finetuning import search, squad_runs
 from maelm_jax.finetuning.recipe import Recipe
 from maelm_jax.finetuning.search import write_json
 from maelm_jax.glue import tasks as glue_tasks
+from maelm_jax.squad import features, reading
 from maelm_jax.studies.task_text import CORPUS_DIR
 
 SPEC_FILE = "spec.json"
@@ -31,11 +34,16 @@ SHARED_KEYS = (
 @dataclasses.dataclass(frozen=True)
 class Study:
     configs: dict[str, ml_collections.ConfigDict]  # name (the file's stem) -> config
-    tasks: tuple[glue_tasks.Task, ...]
+    tasks: tuple  # GLUE's (glue_tasks.Task) and SQuAD's (squad_runs.SquadTask), in order
     recipe: Recipe
     glue_dir: str | None
     rank_tokens: int
     workdir_root: str | None = None  # the objectives' pretraining workdirs; None: in the study
+    squad_dir: str | None = None  # None: TFDS's, where a SQuAD task is asked
+
+    @property
+    def squad_tasks(self) -> list:
+        return [t for t in self.tasks if search.family(t) == squad_runs.FAMILY]
 
     def spec(self) -> dict:
         spec = {
@@ -47,6 +55,8 @@ class Study:
         }
         if self.workdir_root:  # absent by default: the specs of earlier studies still match
             spec["workdir_root"] = self.workdir_root
+        if self.squad_tasks:  # likewise absent from a GLUE-only study's spec
+            spec["squad_data"] = os.path.abspath(self.squad_dir) if self.squad_dir else "tfds"
         return spec
 
     def workdir(self, study_dir: str, name: str) -> str:
@@ -59,6 +69,58 @@ class Study:
     @staticmethod
     def export_dir(study_dir: str, name: str) -> str:
         return os.path.join(study_dir, name, "export")
+
+
+def resolve_tasks(names: str, recipe: Recipe, squad_dir: str | None) -> tuple:
+    """`--tasks` in order: GLUE's tasks, and SQuAD's with SQuAD's recipe (recipe.SQUAD: its
+    warmup, weight decay, epochs and windows of the export's length) under the study's grid
+    and budget (learning rates, batch sizes, seeds, max_steps), as every row shares them."""
+    chosen = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        version = reading.VERSIONS.get(name.lower())
+        if version is None:
+            if name.lower().replace("-", "") not in glue_tasks.TASKS:
+                allowed = ", ".join([*glue_tasks.TASKS, *reading.VERSIONS])
+                raise ConfigError(
+                    f"--tasks: unknown task {name!r}; allowed: {allowed} (WNLI is left out, "
+                    "as the papers leave it out)"
+                )
+            chosen += glue_tasks.resolve([name])
+            continue
+        squad = dataclasses.replace(
+            recipes.SQUAD,
+            learning_rates=recipe.learning_rates,
+            batch_sizes=recipe.batch_sizes,
+            seeds=recipe.seeds,
+            max_steps=recipe.max_steps,
+        )
+        chosen.append(squad_runs.SquadTask(version, squad, squad_dir=squad_dir))
+    if not chosen:
+        raise ConfigError(f"--tasks: no task given; allowed: {', '.join(glue_tasks.TASKS)}")
+    if squad_dir is not None and not any(search.family(t) == squad_runs.FAMILY for t in chosen):
+        raise ConfigError(
+            f"--squad_dir={squad_dir} goes with --tasks=...,squad_v2 or squad_v1 (--tasks={names})"
+        )
+    return tuple({t.name: t for t in chosen}.values())
+
+
+def check_data(study: Study) -> None:
+    """Every task's train and dev data read and checked, so that bad or missing data is
+    refused in one line before anything is pretrained."""
+    glue = [t for t in study.tasks if search.family(t) != squad_runs.FAMILY]
+    search.load_data(glue, study.glue_dir, None)
+    for task in study.squad_tasks:
+        for split in reading.SPLITS:
+            reading.read(task.version, split, task.squad_dir, task.tfds_data_dir)
+    least = features.MAX_QUERY_LENGTH + features.SPECIAL_TOKENS + 1
+    for name, config in study.configs.items() if study.squad_tasks else ():
+        positions = config.model.max_positions  # the export's, which cut SQuAD's windows
+        if positions < least:
+            raise ConfigError(
+                f"--configs: {name} has model.max_positions={positions}; SQuAD's windows need "
+                f"at least {least} (a question of up to {features.MAX_QUERY_LENGTH} tokens, "
+                f"{features.SPECIAL_TOKENS} special tokens and some context)"
+            )
 
 
 def marker(study_dir: str, row: str, stage: str) -> str:

@@ -9,14 +9,17 @@ pretraining, Gururangan et al. 2020) gives every objective English it will be te
 same text for all of them. Only train splits enter, and no label: dev sentences are never
 seen before they are scored. A pair task's two sentences share one document, so pretraining
 sees the pairs that fine-tuning reads; an exact repeat (SST-2's phrases recur) is written
-once.
+once. SQuAD's train split gives each context once with its questions after it (the pair
+fine-tuning reads); its answers are spans of the context, so no label enters either.
 """
 
 import hashlib
 import os
 
 from maelm_jax.data.documents import TEXT_PREFIX
+from maelm_jax.finetuning import search, squad_runs
 from maelm_jax.glue import readers
+from maelm_jax.squad import reading
 
 CORPUS_DIR = "corpus"
 CORPUS_FILE = "train.txt"
@@ -32,6 +35,19 @@ def _document(example: readers.Example) -> str:
     return "\n".join(" ".join(p.split()) for p in parts if p.strip())
 
 
+def _documents(task, glue_dir: str | None):
+    """The task's train split as documents: a GLUE example each, or a SQuAD context each,
+    its questions following it in the order they come."""
+    if search.family(task) != squad_runs.FAMILY:
+        yield from (_document(e) for e in readers.read(task, "train", glue_dir))
+        return
+    questions: dict[str, list[str]] = {}  # context -> its questions; dicts keep the order
+    for e in reading.read(task.version, "train", task.squad_dir, task.tfds_data_dir):
+        questions.setdefault(" ".join(e.context.split()), []).append(" ".join(e.question.split()))
+    for context, asked in questions.items():
+        yield "\n".join(p for p in (context, *asked) if p)
+
+
 def write(task_list, glue_dir: str | None, study_dir: str) -> dict:
     """Writes the corpus whole (a temporary file renamed into place), and what it holds."""
     out_dir = os.path.join(study_dir, CORPUS_DIR)
@@ -44,8 +60,7 @@ def write(task_list, glue_dir: str | None, study_dir: str) -> dict:
     with open(tmp, "w", encoding="utf-8") as f:
         for task in task_list:
             kept = 0
-            for example in readers.read(task, "train", glue_dir):
-                doc = _document(example)
+            for doc in _documents(task, glue_dir):
                 if not doc or doc in seen:
                     continue
                 seen.add(doc)
