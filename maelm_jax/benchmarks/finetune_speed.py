@@ -97,7 +97,7 @@ def reference_steps(model, task, train: Encoded, spec: RunSpec, pad_id, device, 
         rows = subset[rows]
         ids, mask = training._pad([train.ids[i] for i in rows], pad_id)
         target = labels[rows].to(device)
-        with training._autocast(device):
+        with training.autocast(device):
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
         logits = logits.float()
         if task.is_regression:

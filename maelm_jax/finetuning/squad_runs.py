@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from maelm_jax.finetuning.recipe import Recipe
-from maelm_jax.finetuning.training import DeviceSplit, RunSpec, _autocast, _upload, fine_tune
+from maelm_jax.finetuning.training import DeviceSplit, RunSpec, autocast, fine_tune, upload
 from maelm_jax.hf import task_model
 from maelm_jax.squad import decoding, features, outputs, reading
 
@@ -134,7 +134,7 @@ def to_device(windows: features.Features, pad_id: int, device) -> DeviceSplit:
     lengths = windows.attention_mask.sum(axis=1).astype(np.int64)
     ids = windows.input_ids[:, : int(lengths.max())].astype(np.int64)
     labels = np.stack([windows.start_positions, windows.end_positions], axis=1).astype(np.int64)
-    return DeviceSplit(_upload(ids, device), _upload(labels, device), lengths, pad_id)
+    return DeviceSplit(upload(ids, device), upload(labels, device), lengths, pad_id)
 
 
 def logits(model, windows: features.Features, device, batch_size: int = 64):
@@ -148,12 +148,12 @@ def logits(model, windows: features.Features, device, batch_size: int = 64):
     start = np.full(windows.input_ids.shape, -1e4, np.float32)
     end = np.full(windows.input_ids.shape, -1e4, np.float32)
     model.eval()
-    with torch.inference_mode(), _autocast(device):
+    with torch.inference_mode(), autocast(device):
         for first in range(0, len(order), batch_size):
             rows = order[first : first + batch_size]
             width = int(lengths[rows].max())
-            ids = _upload(windows.input_ids[rows, :width].astype(np.int64), device)
-            mask = _upload(windows.attention_mask[rows, :width].astype(np.int64), device)
+            ids = upload(windows.input_ids[rows, :width].astype(np.int64), device)
+            mask = upload(windows.attention_mask[rows, :width].astype(np.int64), device)
             out = model(input_ids=ids, attention_mask=mask)
             start[rows, :width] = out.start_logits.float().cpu().numpy()
             end[rows, :width] = out.end_logits.float().cpu().numpy()

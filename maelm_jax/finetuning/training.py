@@ -145,7 +145,7 @@ class DeviceSplit:
         return len(self.lengths)
 
 
-def _upload(array, device):
+def upload(array, device):
     """Host -> device without blocking: a pinned copy on CUDA; on CPU, the array itself."""
     import torch
 
@@ -159,7 +159,7 @@ def to_device(data: Encoded, pad_id: int, device, regression: bool) -> DeviceSpl
     ids, _ = _pad(data.ids, pad_id)
     labels = data.labels.astype(np.float32 if regression else np.int64)
     lengths = np.asarray([len(r) for r in data.ids])
-    return DeviceSplit(_upload(ids, device), _upload(labels, device), lengths, pad_id)
+    return DeviceSplit(upload(ids, device), upload(labels, device), lengths, pad_id)
 
 
 def _optimizer(model, spec: RunSpec, steps: int, fused: bool = False):
@@ -188,7 +188,7 @@ def _optimizer(model, spec: RunSpec, steps: int, fused: bool = False):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def _autocast(device):
+def autocast(device):
     import contextlib
 
     import torch
@@ -204,7 +204,7 @@ def _loss(model, ids, mask, target, task, device):
     import torch
 
     own = getattr(task, "loss", None)
-    with _autocast(device):
+    with autocast(device):
         if own is not None:
             return own(model, ids, mask, target)
         logits = model(input_ids=ids, attention_mask=mask).logits
@@ -238,7 +238,7 @@ def train_steps(
     batches = _batch_order(data.lengths[subset], spec.batch_size, steps, rng)
     order = [subset[rows] for rows in batches]
     bounds = np.cumsum([0] + [len(rows) for rows in order])
-    index = _upload(np.concatenate(order), device)
+    index = upload(np.concatenate(order), device)
     limit = data.ids.shape[1]
     pending: list = []  # the losses since the last read, on the device
     read: list[float] = []
@@ -285,11 +285,11 @@ def predict(model, data: Encoded, pad_id: int, device, regression: bool, batch_s
     out = np.empty(len(data), np.float64 if regression else np.int64)
     found = []
     model.eval()
-    with torch.inference_mode(), _autocast(device):
+    with torch.inference_mode(), autocast(device):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             ids, mask = _pad([data.ids[i] for i in idx], pad_id)
-            ids, mask = _upload(ids, device), _upload(mask, device)
+            ids, mask = upload(ids, device), upload(mask, device)
             logits = model(input_ids=ids, attention_mask=mask).logits.float()
             found.append(logits[:, 0] if regression else logits.argmax(-1))
     if found:

@@ -144,7 +144,7 @@ def read_tfds(task: Task, split: str, data_dir: str | None = None) -> list[Examp
     try:
         builder = tfds.builder(name, data_dir=data_dir)
         if not builder.is_prepared():  # a prepared task loads offline
-            _reach(getattr(builder.builder_config, "data_url", "") or GLUE_DOWNLOAD_URL)
+            check_reachable(getattr(builder.builder_config, "data_url", "") or GLUE_DOWNLOAD_URL)
         ds = tfds.load(name, split=task.tfds_split(split), data_dir=data_dir)
     except Exception as e:  # offline, not prepared, a bad data_dir: all say the same to a user
         raise GlueDataError(
@@ -155,7 +155,7 @@ def read_tfds(task: Task, split: str, data_dir: str | None = None) -> list[Examp
     return [from_tfds(task, ex) for ex in tfds.as_numpy(ds)]
 
 
-def _reach(url: str) -> None:
+def check_reachable(url: str) -> None:
     """Raises OSError unless `url`'s host, or the proxy that TFDS's `requests` would take to
     it (HTTPS_PROXY and the like), accepts a TCP connection within REACH_TIMEOUT_S."""
     parts = urllib.parse.urlsplit(url)

@@ -16,7 +16,7 @@ import pathlib
 from absl import logging
 
 from maelm_jax.config.run_config import ConfigError
-from maelm_jax.glue.readers import _reach  # the offline check GLUE's TFDS reads make first
+from maelm_jax.glue.readers import check_reachable  # the offline check GLUE's TFDS reads make first
 
 # Where TFDS's squad builder downloads the official files from.
 SQUAD_DOWNLOAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
@@ -128,7 +128,7 @@ def read_tfds(version: Version, split: str, data_dir: str | None = None) -> list
     try:
         builder = tfds.builder(version.tfds_name, data_dir=data_dir)
         if not builder.is_prepared():  # a prepared dataset loads offline
-            _reach(SQUAD_DOWNLOAD_URL)
+            check_reachable(SQUAD_DOWNLOAD_URL)
         ds = tfds.load(version.tfds_name, split=tfds_split, data_dir=data_dir)
     except Exception as e:  # offline, not prepared, a bad data_dir: all say the same to a user
         raise SquadDataError(
