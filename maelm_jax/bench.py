@@ -9,6 +9,8 @@
     python -m maelm_jax.bench finetune [--finetune_encoder=4x128 --batch_size=32 --seq_len=64]
         [--finetune_export=DIR --finetune_task=sst2 --glue_dir=DIR] [--finetune_steps=N]
         [--finetune_rounds=3] [--finetune_compile] [--json]
+    python -m maelm_jax.bench finetune --finetune_task=squad_v2 [--finetune_encoder=4x128
+        --batch_size=16 --seq_len=384] [--finetune_export=DIR --squad_dir=DIR] [--json]
 
 `--configs` takes config names in configs/ or paths to config files (ending in .py).
 
@@ -22,7 +24,9 @@ step, summed up by kernel (GPU) or XLA op (CPU) and by category (matmul, attenti
 scatter/gather, copies, elementwise, reductions, collectives; `maelm_jax/profiling/`). FLOPs
 per step by method and region: `python -m maelm_jax.flops`. `finetune`: the PyTorch GLUE
 fine-tuning step (finetuning/training.py) of a random-init relative-bias export, the loop before
-issue #63 and each change since, cumulatively (`maelm_jax/benchmarks/finetune_speed.py`).
+issue #63 and each change since, cumulatively (`maelm_jax/benchmarks/finetune_speed.py`);
+with `--finetune_task=squad_v2` (or squad_v1), SQuAD's loop against transformers' `Trainer`
+on the same model and batches (`maelm_jax/benchmarks/squad_speed.py`).
 """
 
 import dataclasses
@@ -45,6 +49,7 @@ from maelm_jax.glue.readers import GlueDataError
 from maelm_jax.hardware import host_cpus, platforms, tpu_chips
 from maelm_jax.model import flop_count
 from maelm_jax.profiling import summary, trace_files
+from maelm_jax.squad import reading
 from maelm_jax.training import step_speed
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -91,9 +96,18 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string(
     "finetune_task", None, "`finetune`: a GLUE task whose train rows (tokenized by "
-    "--finetune_export's tokenizer) replace the synthetic ones."
+    "--finetune_export's tokenizer) replace the synthetic ones; or squad_v2 / squad_v1: our "
+    "SQuAD loop against transformers' Trainer (synthetic windows without --squad_dir)."
 )  # fmt: skip
 flags.DEFINE_string("glue_dir", None, "`finetune`: GLUE's download for --finetune_task; else TFDS.")
+flags.DEFINE_string(
+    "squad_dir", None, "`finetune` on squad_v2/v1: SQuAD's files, whose train windows "
+    "(tokenized by --finetune_export's tokenizer) replace the synthetic ones."
+)  # fmt: skip
+flags.DEFINE_float(
+    "finetune_dropout", 0.1, "`finetune` on squad_v2/v1: the model's dropout (at 0 both "
+    "loops' first loss is the same number).", lower_bound=0, upper_bound=1
+)  # fmt: skip
 flags.DEFINE_integer(
     "finetune_steps", None, "`finetune`: timed steps per variant and round; default 20 (CPU), "
     "100 (GPU).", 1
@@ -177,25 +191,20 @@ def run_finetune() -> None:
     import torch
 
     from maelm_jax.benchmarks import finetune_speed
-    from maelm_jax.glue import classifier
 
     export_dir, task = FLAGS.finetune_export, FLAGS.finetune_task
+    if task in reading.VERSIONS:
+        return _run_squad_finetune(export_dir, task)
+    if FLAGS.squad_dir is not None:
+        raise app.UsageError("--squad_dir goes with --finetune_task=squad_v2 or squad_v1")
     if task is not None and export_dir is None:
         raise app.UsageError("--finetune_task needs --finetune_export (its tokenizer)")
-    if export_dir is not None:
-        config = classifier.export_config(export_dir, flag="--finetune_export")
-        layers, width = config["num_hidden_layers"], config["hidden_size"]
-    else:
-        layers, sep, width = FLAGS.finetune_encoder.partition("x")
-        if not (sep and layers.isdigit() and width.isdigit()):
-            raise app.UsageError(f"--finetune_encoder={FLAGS.finetune_encoder}: give LAYERSxWIDTH")
-    shape = {
-        "layers": int(layers),
-        "width": int(width),
-        "batch": FLAGS.batch_size or 32,
-        "seq_len": FLAGS.seq_len or (128 if task else 64),
-        "rows": task or "synthetic",
-    }
+    shape = _shape(
+        export_dir,
+        task or "synthetic",
+        FLAGS.batch_size or 32,
+        FLAGS.seq_len or (128 if task else 64),
+    )
     data = None
     if task is not None:
         data = finetune_speed.task_rows(export_dir, task, shape["seq_len"], FLAGS.glue_dir, None)
@@ -219,6 +228,63 @@ def run_finetune() -> None:
         on_row=show,
     )
     print(json.dumps(result) if FLAGS.json else finetune_speed.header(result["shape"]))
+
+
+def _shape(export_dir, rows: str, batch: int, seq_len: int) -> dict:
+    """What `bench finetune` times: the export's layers and width, or --finetune_encoder's."""
+    from maelm_jax.glue import classifier
+
+    if export_dir is not None:
+        config = classifier.export_config(export_dir, flag="--finetune_export")
+        layers, width = config["num_hidden_layers"], config["hidden_size"]
+    else:
+        layers, sep, width = FLAGS.finetune_encoder.partition("x")
+        if not (sep and layers.isdigit() and width.isdigit()):
+            raise app.UsageError(f"--finetune_encoder={FLAGS.finetune_encoder}: give LAYERSxWIDTH")
+    return {"layers": int(layers), "width": int(width), "batch": batch, "seq_len": seq_len,
+            "rows": rows}  # fmt: skip
+
+
+def _run_squad_finetune(export_dir, task: str) -> None:
+    """`--batch_size` (default 16) windows of `--seq_len` (default 384) tokens a step, through
+    our loop and transformers' Trainer."""
+    import torch
+
+    from maelm_jax.benchmarks import squad_speed
+    from maelm_jax.hf import task_model
+
+    if FLAGS.squad_dir is not None and export_dir is None:
+        raise app.UsageError("--squad_dir needs --finetune_export (its tokenizer)")
+    shape = _shape(export_dir, task, FLAGS.batch_size or 16, FLAGS.seq_len or 384)
+    if export_dir is not None and shape["seq_len"] > task_model.max_positions(export_dir):
+        raise app.UsageError(
+            f"--seq_len={shape['seq_len']} is more than --finetune_export's "
+            f"{task_model.max_positions(export_dir)} positions; give --seq_len at most that"
+        )
+    windows = None
+    if FLAGS.squad_dir is not None:
+        windows = squad_speed.real_windows(export_dir, task, FLAGS.squad_dir, shape["seq_len"])
+    cuda = torch.cuda.is_available()
+    base = {}
+
+    def show(name, row):
+        if not FLAGS.json:
+            base.setdefault("row", row)
+            print(squad_speed.format_row(name, row, base["row"]), flush=True)
+
+    if not FLAGS.json:
+        print(", ".join(f"{k}={v}" for k, v in shape.items()), flush=True)
+    result = squad_speed.measure(
+        shape,
+        export_dir,
+        windows,
+        timed=FLAGS.finetune_steps or (100 if cuda else 20),
+        rounds=FLAGS.finetune_rounds,
+        compile_=cuda if FLAGS.finetune_compile is None else FLAGS.finetune_compile,
+        dropout=FLAGS.finetune_dropout,
+        on_row=show,
+    )
+    print(json.dumps(result) if FLAGS.json else squad_speed.header(result["shape"]))
 
 
 def run_checkpoint() -> None:

@@ -159,6 +159,30 @@ def test_bench_finetune_times_each_change_and_counts_its_calls():
     assert found["shape"]["rows"] == "synthetic" and found["shape"]["device"] == "cpu"
 
 
+def test_bench_finetune_squad_times_our_loop_and_trainer_on_the_same_work():
+    """`bench finetune --finetune_task=squad_v2`: our loop and transformers' Trainer, both
+    timed, on the same tokens a step; at dropout 0 the same model on the same batches gives
+    the same first losses, which another init, batch order or label layout would not."""
+    result = run_command(
+        ["maelm_jax.bench", "finetune", "--finetune_task=squad_v2", "--finetune_encoder=1x64",
+         "--batch_size=2", "--seq_len=96", "--finetune_steps=2", "--finetune_rounds=2",
+         "--finetune_dropout=0", "--json"],
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    rows = found["loops"]
+    assert list(rows) == ["ours (finetuning/training.py)", "transformers Trainer"]
+    for name, row in rows.items():
+        assert "error" not in row, (name, row)
+        assert 0 < row["tokens_per_s_low"] <= row["tokens_per_s"] <= row["tokens_per_s_high"]
+        assert row["tokens_per_step"] == 2 * 96
+        assert len(row["first_losses"]) == 3
+    ours, trainer = rows.values()
+    assert ours["first_losses"] == pytest.approx(trainer["first_losses"], rel=1e-4)
+    assert found["shape"]["seq_len"] == 96 and found["shape"]["rows"] == "squad_v2"
+
+
 def test_bench_finetune_on_a_task_needs_the_export_that_tokenizes_it(tmp_path):
     result = run_command(["maelm_jax.bench", "finetune", "--finetune_task=sst2"])
     needs = "--finetune_task needs --finetune_export"

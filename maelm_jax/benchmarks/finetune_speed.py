@@ -118,9 +118,10 @@ def reference_steps(model, task, train: Encoded, spec: RunSpec, pad_id, device, 
 # ---- the benchmark ------------------------------------------------------------------------
 
 
-def make_export(root: str, layers: int, width: int) -> str:
+def make_export(root: str, layers: int, width: int, positions: int | None = None) -> str:
     """A random-init export of the study's MAE-LM encoder (relative bias, remote code) at
-    `layers` x `width` (heads of 64), written as `python -m maelm_jax.export` lays one out."""
+    `layers` x `width` (heads of 64), written as `python -m maelm_jax.export` lays one out;
+    `positions` raises the config's positions (SQuAD's windows are 384 tokens)."""
     from configs.study import mae_lm
     from maelm_jax.config import configdict
     from maelm_jax.hf import convert, modeling
@@ -128,6 +129,7 @@ def make_export(root: str, layers: int, width: int) -> str:
     c = mae_lm.get_config()
     c.model.num_layers, c.model.hidden_size = layers, width
     c.model.num_heads, c.model.mlp_dim = max(1, width // 64), 4 * width
+    c.model.max_positions = max(c.model.max_positions, positions or 0)
     run = configdict.freeze(c)
     hf_cfg = convert.hf_config(run.model, c.vocab_size, with_lm_head=True)
     fields = {k: v for k, v in hf_cfg.items() if k not in ("auto_map", "architectures")}
