@@ -268,7 +268,7 @@ def test_command_exports_a_workdir_and_prints_the_table(tiny_checkpoints, tmp_pa
 @pytest.mark.parametrize(
     ("case", "expect"),
     [
-        ("unknown_task", "unknown GLUE task 'wnli'"),
+        ("unknown_task", "unknown task 'wnli'"),
         ("not_an_export", "not a HuggingFace export"),
         ("no_checkpoint", "has no checkpoints/ directory"),
         ("missing_file", "SST-2/dev.tsv"),
