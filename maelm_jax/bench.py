@@ -188,7 +188,6 @@ def run_kernels() -> None:
 def run_finetune() -> None:
     """`--batch_size` (default 32) rows of `--seq_len` (default 64, or 128 on a task's rows)
     tokens a step."""
-    import torch
 
     from maelm_jax.benchmarks import finetune_speed
 
@@ -208,17 +207,25 @@ def run_finetune() -> None:
     data = None
     if task is not None:
         data = finetune_speed.task_rows(export_dir, task, shape["seq_len"], FLAGS.glue_dir, None)
+    _measure_and_print(finetune_speed, shape, export_dir, data)
+
+
+def _measure_and_print(speed, shape: dict, export_dir, data, **options) -> None:
+    """Times `shape` with `speed` (benchmarks.finetune_speed or squad_speed: one interface),
+    a row printed as each variant finishes, the table's header or the JSON at the end."""
+    import torch
+
     cuda = torch.cuda.is_available()
     base = {}
 
     def show(name, row):
         if not FLAGS.json:
             base.setdefault("row", row)
-            print(finetune_speed.format_row(name, row, base["row"]), flush=True)
+            print(speed.format_row(name, row, base["row"]), flush=True)
 
     if not FLAGS.json:
         print(", ".join(f"{k}={v}" for k, v in shape.items()), flush=True)
-    result = finetune_speed.measure(
+    result = speed.measure(
         shape,
         export_dir,
         data,
@@ -226,8 +233,9 @@ def run_finetune() -> None:
         rounds=FLAGS.finetune_rounds,
         compile_=cuda if FLAGS.finetune_compile is None else FLAGS.finetune_compile,
         on_row=show,
+        **options,
     )
-    print(json.dumps(result) if FLAGS.json else finetune_speed.header(result["shape"]))
+    print(json.dumps(result) if FLAGS.json else speed.header(result["shape"]))
 
 
 def _shape(export_dir, rows: str, batch: int, seq_len: int) -> dict:
@@ -248,7 +256,6 @@ def _shape(export_dir, rows: str, batch: int, seq_len: int) -> dict:
 def _run_squad_finetune(export_dir, task: str) -> None:
     """`--batch_size` (default 16) windows of `--seq_len` (default 384) tokens a step, through
     our loop and transformers' Trainer."""
-    import torch
 
     from maelm_jax.benchmarks import squad_speed
     from maelm_jax.hf import task_model
@@ -264,27 +271,7 @@ def _run_squad_finetune(export_dir, task: str) -> None:
     windows = None
     if FLAGS.squad_dir is not None:
         windows = squad_speed.real_windows(export_dir, task, FLAGS.squad_dir, shape["seq_len"])
-    cuda = torch.cuda.is_available()
-    base = {}
-
-    def show(name, row):
-        if not FLAGS.json:
-            base.setdefault("row", row)
-            print(squad_speed.format_row(name, row, base["row"]), flush=True)
-
-    if not FLAGS.json:
-        print(", ".join(f"{k}={v}" for k, v in shape.items()), flush=True)
-    result = squad_speed.measure(
-        shape,
-        export_dir,
-        windows,
-        timed=FLAGS.finetune_steps or (100 if cuda else 20),
-        rounds=FLAGS.finetune_rounds,
-        compile_=cuda if FLAGS.finetune_compile is None else FLAGS.finetune_compile,
-        dropout=FLAGS.finetune_dropout,
-        on_row=show,
-    )
-    print(json.dumps(result) if FLAGS.json else squad_speed.header(result["shape"]))
+    _measure_and_print(squad_speed, shape, export_dir, windows, dropout=FLAGS.finetune_dropout)
 
 
 def run_checkpoint() -> None:
